@@ -1,0 +1,521 @@
+"""The `Collective` contract: tensor and object communication on one backend.
+
+A backend implements a handful of in-place primitives on private, contiguous buffers
+(`_all_reduce_`, `_broadcast_`, `_all_gather_into`, `_reduce_scatter_into`, `_barrier`);
+this base class turns them into the public operations and owns everything the contract
+promises on every backend: inputs are never modified, results land on the input's device
+(or in a caller-owned ``out=`` tensor), ``mean`` is sum-then-divide so an integer mean is a
+float, op names are parsed in one place, object ops are pickled here without numpy.
+"""
+
+from __future__ import annotations
+
+import pickle
+from abc import ABC, abstractmethod
+from enum import Enum
+from typing import Any, ClassVar
+
+import torch
+from typing_extensions import Self
+
+from accord.errors import CollectiveError, CollectiveNotSetupError
+
+__all__ = ["Collective", "ReduceOp", "ReduceOpLike"]
+
+
+class ReduceOp(str, Enum):
+    """A reduction, named as accord names it on every backend."""
+
+    SUM = "sum"
+    MEAN = "mean"
+    MAX = "max"
+    MIN = "min"
+    PRODUCT = "product"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, op: ReduceOpLike) -> ReduceOp:
+        """Normalise ``op`` (a name, a `ReduceOp`, or a `torch.distributed.ReduceOp`).
+
+        Names are case-insensitive; ``avg`` and ``prod`` are aliases.
+
+        Raises:
+            ValueError: ``op`` names no supported reduction.
+        """
+        if isinstance(op, ReduceOp):
+            return op
+        name = op if isinstance(op, str) else getattr(op, "name", None)
+        if isinstance(name, str):
+            key = name.strip().lower()
+            parsed = _ALIASES.get(key)
+            if parsed is None and key in _BY_VALUE:
+                parsed = _BY_VALUE[key]
+            if parsed is not None:
+                return parsed
+        valid = ", ".join(repr(v) for v in [*_BY_VALUE, *_ALIASES])
+        raise ValueError(
+            f"Unsupported reduce op {op!r}. Use one of {valid} "
+            "(case-insensitive), or the matching torch.distributed.ReduceOp."
+        )
+
+
+_BY_VALUE = {member.value: member for member in ReduceOp}
+_ALIASES = {"avg": ReduceOp.MEAN, "prod": ReduceOp.PRODUCT}
+
+ReduceOpLike = str | ReduceOp | Any
+"""Anything `ReduceOp.parse` accepts."""
+
+
+class Collective(ABC):
+    """Moves tensors and Python objects between the ranks of one process group.
+
+    Subclasses implement `setup`, `teardown`, `rank`, `world_size` and the primitives;
+    the public operations below are written once, here. Optional primitives (`_send`,
+    `_recv_`, `_gather_into`, `_scatter_into`, `_all_to_all_into`) raise
+    `NotImplementedError` naming the backend unless overridden.
+    """
+
+    backend_name: ClassVar[str] = "collective"
+    """Human-readable backend name used in error messages."""
+
+    # ----------------------------------------------------------------- lifecycle
+    @property
+    @abstractmethod
+    def rank(self) -> int:
+        """This process's rank in the group (valid after `setup`)."""
+
+    @property
+    @abstractmethod
+    def world_size(self) -> int:
+        """Number of ranks in the group (valid after `setup`)."""
+
+    @property
+    @abstractmethod
+    def is_setup(self) -> bool:
+        """Whether the collective is set up and usable."""
+
+    @property
+    def created_group(self) -> bool:
+        """Whether `setup` created the group (and `teardown` will destroy it)."""
+        return False
+
+    @abstractmethod
+    def setup(self, **kwargs: Any) -> Self:
+        """Create the process group, or join one that already exists."""
+
+    @abstractmethod
+    def teardown(self) -> Self:
+        """Destroy what `setup` created; a no-op when called again."""
+
+    @property
+    def object_device(self) -> torch.device:
+        """Device on which pickled objects travel (CPU unless the backend needs another)."""
+        return torch.device("cpu")
+
+    # ---------------------------------------------------------------- primitives
+    @abstractmethod
+    def _all_reduce_(self, buffer: torch.Tensor, op: ReduceOp) -> None:
+        """Reduce ``buffer`` in place across ranks; ``op`` is never MEAN."""
+
+    @abstractmethod
+    def _broadcast_(self, buffer: torch.Tensor, src: int) -> None:
+        """Overwrite ``buffer`` on every rank with rank ``src``'s."""
+
+    @abstractmethod
+    def _all_gather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
+        """Fill ``output[i]`` with rank ``i``'s ``tensor``; both contiguous."""
+
+    @abstractmethod
+    def _reduce_scatter_into(
+        self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp
+    ) -> None:
+        """Reduce ``tensor`` across ranks and keep this rank's chunk of dim 0 in ``output``."""
+
+    @abstractmethod
+    def _barrier(self) -> None:
+        """Block until every rank arrives."""
+
+    def _send(self, tensor: torch.Tensor, dst: int) -> None:
+        raise self._unsupported("send")
+
+    def _recv_(self, buffer: torch.Tensor, src: int) -> None:
+        raise self._unsupported("recv")
+
+    def _gather_into(self, output: torch.Tensor | None, tensor: torch.Tensor, dst: int) -> None:
+        raise self._unsupported("gather")
+
+    def _scatter_into(self, output: torch.Tensor, tensor: torch.Tensor | None, src: int) -> None:
+        raise self._unsupported("scatter")
+
+    def _all_to_all_into(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
+        raise self._unsupported("all_to_all")
+
+    # ------------------------------------------------------------ tensor ops
+    def all_reduce(
+        self, tensor: torch.Tensor, op: ReduceOpLike = "sum", *, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Reduce ``tensor`` across all ranks with ``op`` (sum, mean/avg, max, min, product).
+
+        ``mean`` of an integer or bool tensor is a floating tensor; ``sum`` of a bool
+        tensor counts the ranks holding True (int64); ``max``/``min``/``product`` of bools
+        are any/all/all. Returns a new tensor, or ``out`` filled with the result.
+        """
+        reduce_op = ReduceOp.parse(op)
+        self._check_ready("all_reduce", tensor)
+        result_dtype, work_dtype = _reduce_dtypes(tensor.dtype, reduce_op)
+        work, target = self._work_buffer(tensor, tensor.shape, work_dtype, result_dtype, out)
+        if work.numel():
+            self._all_reduce_(work, ReduceOp.SUM if reduce_op is ReduceOp.MEAN else reduce_op)
+        return self._finish(work, target, result_dtype, reduce_op)
+
+    def broadcast(
+        self, tensor: torch.Tensor, src: int = 0, *, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Return rank ``src``'s ``tensor`` on every rank (same shape and dtype everywhere)."""
+        self._check_ready("broadcast", tensor)
+        self._check_rank("src", src)
+        if out is not None:
+            self._check_out(out, tensor.shape, tensor.dtype, tensor.device)
+        buffer = (
+            out
+            if out is not None and out.is_contiguous()
+            else torch.empty_like(tensor, memory_format=torch.contiguous_format)
+        )
+        if self.rank == src and buffer.data_ptr() != tensor.data_ptr():
+            buffer.copy_(tensor)
+        if buffer.numel():
+            self._broadcast_(buffer, src)
+        if out is not None and buffer is not out:
+            return out.copy_(buffer)
+        return buffer
+
+    def all_gather(self, tensor: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Stack every rank's ``tensor`` in rank order: shape ``[world_size, *tensor.shape]``.
+
+        Every rank must pass the same shape; the strategy's ``all_gather`` handles uneven
+        first dimensions on top of this.
+        """
+        self._check_ready("all_gather", tensor)
+        shape = (self.world_size, *tensor.shape)
+        if out is not None:
+            self._check_out(out, shape, tensor.dtype, tensor.device)
+        output = out if out is not None and out.is_contiguous() else tensor.new_empty(shape)
+        if tensor.numel():
+            self._all_gather_into(output, tensor.contiguous())
+        if out is not None and output is not out:
+            return out.copy_(output)
+        return output
+
+    def reduce_scatter(
+        self, tensor: torch.Tensor, op: ReduceOpLike = "sum", *, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Reduce ``tensor`` across ranks and return this rank's chunk of its first dimension.
+
+        ``tensor.shape[0]`` must be divisible by ``world_size``; the result has shape
+        ``[tensor.shape[0] // world_size, *tensor.shape[1:]]``. Dtype rules as `all_reduce`.
+        """
+        reduce_op = ReduceOp.parse(op)
+        self._check_ready("reduce_scatter", tensor)
+        if tensor.dim() == 0 or tensor.shape[0] % self.world_size:
+            raise ValueError(
+                f"reduce_scatter needs a first dimension divisible by world_size="
+                f"{self.world_size}, got shape {tuple(tensor.shape)}. Pad the tensor first."
+            )
+        shape = (tensor.shape[0] // self.world_size, *tensor.shape[1:])
+        result_dtype, work_dtype = _reduce_dtypes(tensor.dtype, reduce_op)
+        if out is not None:
+            self._check_out(out, shape, result_dtype, tensor.device)
+        direct = out is not None and out.is_contiguous() and out.dtype == work_dtype
+        work = out if direct and out is not None else tensor.new_empty(shape, dtype=work_dtype)
+        source = tensor.to(work_dtype).contiguous()
+        if source.numel():
+            base_op = ReduceOp.SUM if reduce_op is ReduceOp.MEAN else reduce_op
+            self._reduce_scatter_into(work, source, base_op)
+        return self._finish(work, out, result_dtype, reduce_op)
+
+    def barrier(self, name: str | None = None) -> None:
+        """Block until every rank reaches the barrier; ``name`` labels it in diagnostics."""
+        self._require_setup("barrier")
+        self._barrier()
+
+    def send(self, tensor: torch.Tensor, dst: int) -> None:
+        """Send ``tensor`` to rank ``dst`` (point to point, blocking)."""
+        self._check_ready("send", tensor)
+        self._check_rank("dst", dst)
+        self._send(tensor.contiguous(), dst)
+
+    def recv(
+        self, tensor: torch.Tensor, src: int, *, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Receive from rank ``src`` a tensor shaped like ``tensor`` (which is left unchanged)."""
+        self._check_ready("recv", tensor)
+        self._check_rank("src", src)
+        if out is not None:
+            self._check_out(out, tensor.shape, tensor.dtype, tensor.device)
+        buffer = (
+            out
+            if out is not None and out.is_contiguous()
+            else torch.empty_like(tensor, memory_format=torch.contiguous_format)
+        )
+        self._recv_(buffer, src)
+        if out is not None and buffer is not out:
+            return out.copy_(buffer)
+        return buffer
+
+    def gather(
+        self, tensor: torch.Tensor, dst: int = 0, *, out: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
+        """Stack every rank's ``tensor`` on rank ``dst`` (``[world_size, *shape]``); None elsewhere."""
+        self._check_ready("gather", tensor)
+        self._check_rank("dst", dst)
+        shape = (self.world_size, *tensor.shape)
+        output: torch.Tensor | None = None
+        if self.rank == dst:
+            if out is not None:
+                self._check_out(out, shape, tensor.dtype, tensor.device)
+            output = out if out is not None and out.is_contiguous() else tensor.new_empty(shape)
+        if tensor.numel():
+            self._gather_into(output, tensor.contiguous(), dst)
+        if out is not None and output is not None and output is not out:
+            return out.copy_(output)
+        return output
+
+    def scatter(
+        self, tensor: torch.Tensor, src: int = 0, *, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Send ``tensor[i]`` from rank ``src`` to rank ``i``.
+
+        Every rank passes a tensor of shape ``[world_size, *shape]`` (only ``src``'s values
+        are read) and gets back its ``[*shape]`` slice.
+        """
+        self._check_ready("scatter", tensor)
+        self._check_rank("src", src)
+        if tensor.dim() == 0 or tensor.shape[0] != self.world_size:
+            raise ValueError(
+                f"scatter needs a tensor of shape [world_size={self.world_size}, ...], "
+                f"got {tuple(tensor.shape)}."
+            )
+        shape = tensor.shape[1:]
+        if out is not None:
+            self._check_out(out, shape, tensor.dtype, tensor.device)
+        output = out if out is not None and out.is_contiguous() else tensor.new_empty(shape)
+        if tensor.numel():
+            source = tensor.contiguous() if self.rank == src else None
+            self._scatter_into(output, source, src)
+        if out is not None and output is not out:
+            return out.copy_(output)
+        return output
+
+    def all_to_all(self, tensor: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Send chunk ``i`` of ``tensor``'s first dimension to rank ``i``.
+
+        Returns a tensor of the same shape whose chunk ``j`` came from rank ``j``.
+        """
+        self._check_ready("all_to_all", tensor)
+        if tensor.dim() == 0 or tensor.shape[0] % self.world_size:
+            raise ValueError(
+                f"all_to_all needs a first dimension divisible by world_size="
+                f"{self.world_size}, got shape {tuple(tensor.shape)}."
+            )
+        if out is not None:
+            self._check_out(out, tensor.shape, tensor.dtype, tensor.device)
+        output = out if out is not None and out.is_contiguous() else tensor.new_empty(tensor.shape)
+        if tensor.numel():
+            source = tensor.contiguous()
+            if output.data_ptr() == source.data_ptr():
+                source = source.clone()
+            self._all_to_all_into(output, source)
+        if out is not None and output is not out:
+            return out.copy_(output)
+        return output
+
+    # ------------------------------------------------------------ object ops
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """Return rank ``src``'s picklable ``obj`` on every rank (other ranks' ``obj`` is ignored).
+
+        Raises:
+            TypeError: on ``src``, when ``obj`` cannot be pickled.
+            CollectiveError: on the other ranks in that case, so none of them hangs.
+        """
+        self._require_setup("broadcast_object")
+        self._check_rank("src", src)
+        device = self.object_device
+        payload, error = _pickle(obj) if self.rank == src else (b"", None)
+        size = torch.tensor(
+            [len(payload) if error is None else -1], dtype=torch.int64, device=device
+        )
+        self._broadcast_(size, src)
+        if int(size.item()) < 0:
+            if error is not None:
+                raise error
+            raise CollectiveError(
+                f"broadcast_object: rank {src} could not pickle its object; see the TypeError "
+                f"raised on rank {src}."
+            )
+        data = (
+            _bytes_to_tensor(payload, device)
+            if self.rank == src
+            else torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+        )
+        if data.numel():
+            self._broadcast_(data, src)
+        if self.rank == src:
+            return pickle.loads(payload)
+        return pickle.loads(_tensor_to_bytes(data))
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Return every rank's picklable ``obj``, in rank order.
+
+        Raises:
+            TypeError: on a rank whose ``obj`` cannot be pickled.
+            CollectiveError: on the other ranks in that case, naming the failing ranks.
+        """
+        self._require_setup("all_gather_object")
+        device = self.object_device
+        payload, error = _pickle(obj)
+        size = torch.tensor(
+            [len(payload) if error is None else -1], dtype=torch.int64, device=device
+        )
+        sizes_tensor = torch.empty((self.world_size, 1), dtype=torch.int64, device=device)
+        self._all_gather_into(sizes_tensor, size)
+        sizes = [int(s) for s in sizes_tensor.flatten().tolist()]
+        failed = [rank for rank, s in enumerate(sizes) if s < 0]
+        if failed:
+            if error is not None:
+                raise error
+            raise CollectiveError(
+                f"all_gather_object: rank(s) {failed} could not pickle their object; see the "
+                "TypeError raised there."
+            )
+        longest = max(sizes)
+        padded = torch.zeros(longest, dtype=torch.uint8, device=device)
+        padded[: len(payload)] = _bytes_to_tensor(payload, device)
+        gathered = torch.empty((self.world_size, longest), dtype=torch.uint8, device=device)
+        if longest:
+            self._all_gather_into(gathered, padded)
+        rows = gathered.cpu()
+        return [
+            obj if rank == self.rank else pickle.loads(_tensor_to_bytes(rows[rank, :n]))
+            for rank, n in enumerate(sizes)
+        ]
+
+    # --------------------------------------------------------------- helpers
+    def __repr__(self) -> str:
+        if not self.is_setup:
+            return f"{type(self).__name__}(not set up)"
+        return f"{type(self).__name__}(rank={self.rank}, world_size={self.world_size})"
+
+    def _unsupported(self, op: str) -> NotImplementedError:
+        return NotImplementedError(
+            f"{op} is not available on the {self.backend_name} backend "
+            f"({type(self).__name__}). Use another op or a backend that provides it."
+        )
+
+    def _require_setup(self, op: str) -> None:
+        if not self.is_setup:
+            raise CollectiveNotSetupError(
+                f"{type(self).__name__}.{op}() was called before setup() or after teardown(). "
+                "Call collective.setup() first."
+            )
+
+    def _check_ready(self, op: str, tensor: Any) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(
+                f"{op} expects a torch.Tensor, got {type(tensor).__name__}. Wrap the value "
+                f"with torch.tensor(...), or use {op.split('_')[0]}_object for Python objects."
+                if op in ("broadcast", "all_gather")
+                else f"{op} expects a torch.Tensor, got {type(tensor).__name__}. Wrap the value "
+                "with torch.tensor(...)."
+            )
+        self._require_setup(op)
+
+    def _check_rank(self, role: str, rank: int) -> None:
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < self.world_size:
+            raise ValueError(
+                f"{role}={rank!r} is not a rank of this group; use an int in "
+                f"[0, {self.world_size - 1}]."
+            )
+
+    @staticmethod
+    def _check_out(out: torch.Tensor, shape: Any, dtype: torch.dtype, device: torch.device) -> None:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out= must be a torch.Tensor, got {type(out).__name__}.")
+        if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != device:
+            raise ValueError(
+                f"out= must have shape {tuple(shape)}, dtype {dtype} and device {device}; "
+                f"got shape {tuple(out.shape)}, dtype {out.dtype}, device {out.device}."
+            )
+
+    def _work_buffer(
+        self,
+        tensor: torch.Tensor,
+        shape: Any,
+        work_dtype: torch.dtype,
+        result_dtype: torch.dtype,
+        out: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A contiguous buffer of ``work_dtype`` holding ``tensor``'s values, and the ``out``."""
+        if out is not None:
+            self._check_out(out, shape, result_dtype, tensor.device)
+            if out.is_contiguous() and out.dtype == work_dtype:
+                if out.data_ptr() != tensor.data_ptr() or out.stride() != tensor.stride():
+                    out.copy_(tensor)
+                return out, out
+        work = torch.empty(shape, dtype=work_dtype, device=tensor.device)
+        work.copy_(tensor)
+        return work, out
+
+    def _finish(
+        self,
+        work: torch.Tensor,
+        out: torch.Tensor | None,
+        result_dtype: torch.dtype,
+        op: ReduceOp,
+    ) -> torch.Tensor:
+        """Turn a reduced work buffer into the result: divide for mean, cast, fill ``out``."""
+        if op is ReduceOp.MEAN:
+            if work.is_floating_point():
+                work.div_(self.world_size)
+            else:
+                work = work.to(result_dtype).div_(self.world_size)
+        elif work.dtype != result_dtype:
+            work = work.to(result_dtype)
+        if out is not None and work is not out:
+            return out.copy_(work)
+        return work
+
+
+def _reduce_dtypes(dtype: torch.dtype, op: ReduceOp) -> tuple[torch.dtype, torch.dtype]:
+    """(result dtype, dtype the backend reduces in) for ``op`` on ``dtype``."""
+    if dtype == torch.bool:
+        if op is ReduceOp.SUM:
+            return torch.int64, torch.int64
+        if op is ReduceOp.MEAN:
+            return torch.get_default_dtype(), torch.int64
+        return torch.bool, torch.uint8
+    if op is ReduceOp.MEAN and not (dtype.is_floating_point or dtype.is_complex):
+        return torch.get_default_dtype(), dtype
+    return dtype, dtype
+
+
+def _pickle(obj: Any) -> tuple[bytes, TypeError | None]:
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), None
+    except Exception as err:  # pickle raises several types; all mean "not transferable"
+        return b"", TypeError(
+            f"Cannot send an object of type {type(obj).__name__} between ranks: it is not "
+            f"picklable ({err}). Send plain data (tensors, numbers, strings, lists, dicts)."
+        )
+
+
+def _bytes_to_tensor(payload: bytes, device: torch.device) -> torch.Tensor:
+    if not payload:
+        return torch.empty(0, dtype=torch.uint8, device=device)
+    return torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
+
+
+def _tensor_to_bytes(tensor: torch.Tensor) -> bytes:
+    # clone() gives the bytes their own storage, so a row of a larger tensor pickles alone.
+    return bytes(tensor.cpu().clone().untyped_storage())

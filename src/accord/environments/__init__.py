@@ -1,0 +1,14 @@
+"""Cluster environments: how a process learns its rank, node and rendezvous address."""
+
+from accord.environments.cluster_environment import ClusterEnvironment
+from accord.environments.local import LocalEnvironment, find_free_port
+from accord.environments.slurm import SLURMEnvironment
+from accord.environments.torchelastic import TorchElasticEnvironment
+
+__all__ = [
+    "ClusterEnvironment",
+    "LocalEnvironment",
+    "SLURMEnvironment",
+    "TorchElasticEnvironment",
+    "find_free_port",
+]

@@ -1,0 +1,77 @@
+"""`TorchElasticEnvironment`: processes started by ``torchrun`` (torch.distributed.run)."""
+
+from __future__ import annotations
+
+import os
+
+from typing_extensions import override
+
+from accord.environments.cluster_environment import ClusterEnvironment
+from accord.errors import ConfigurationError
+
+__all__ = ["TorchElasticEnvironment"]
+
+_REQUIRED = ("RANK", "GROUP_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE")
+
+
+class TorchElasticEnvironment(ClusterEnvironment):
+    """Ranks, address and port as torchrun exports them; accord launches nothing."""
+
+    @property
+    @override
+    def creates_processes_externally(self) -> bool:
+        return True
+
+    @property
+    @override
+    def main_address(self) -> str:
+        return os.environ.get("MASTER_ADDR", "127.0.0.1")
+
+    @property
+    @override
+    def main_port(self) -> int:
+        return int(os.environ["MASTER_PORT"])
+
+    @staticmethod
+    @override
+    def detect() -> bool:
+        return all(name in os.environ for name in _REQUIRED)
+
+    @override
+    def world_size(self) -> int:
+        return int(os.environ["WORLD_SIZE"])
+
+    @override
+    def set_world_size(self, size: int) -> None:
+        pass
+
+    @override
+    def global_rank(self) -> int:
+        return int(os.environ["RANK"])
+
+    @override
+    def set_global_rank(self, rank: int) -> None:
+        pass
+
+    @override
+    def local_rank(self) -> int:
+        return int(os.environ["LOCAL_RANK"])
+
+    @override
+    def node_rank(self) -> int:
+        return int(os.environ["GROUP_RANK"])
+
+    @override
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        local = int(os.environ["LOCAL_WORLD_SIZE"])
+        if num_devices != local:
+            raise ConfigurationError(
+                f"Trainer(devices={num_devices}) disagrees with torchrun's "
+                f"--nproc-per-node={local}. Pass devices={local} (or 'auto')."
+            )
+        if num_nodes * local != self.world_size():
+            raise ConfigurationError(
+                f"Trainer(num_nodes={num_nodes}) with {local} processes per node does not "
+                f"match torchrun's world size {self.world_size()}. Pass "
+                f"num_nodes={self.world_size() // local}."
+            )
