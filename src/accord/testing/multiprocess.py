@@ -13,7 +13,7 @@ import time
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, cast
 
 from accord.environments.local import find_free_port
 from accord.errors import RankFailureError
@@ -112,10 +112,11 @@ def _collect(procs: list[Any], conns: list[Connection], timeout: float) -> list[
             remaining = min(remaining, _GRACE_SECONDS)
         if remaining <= 0:
             break
-        for conn in wait(list(pending), timeout=remaining):
-            rank = pending.pop(conn)  # type: ignore[call-overload]
+        for ready in wait(list(pending), timeout=remaining):
+            conn = cast(Connection, ready)
+            rank = pending.pop(conn)
             try:
-                status, payload = conn.recv()  # type: ignore[union-attr]
+                status, payload = conn.recv()
             except EOFError:
                 procs[rank].join(1)
                 errors[rank] = f"process exited with code {procs[rank].exitcode} before reporting"
