@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 # The one place the torch build is pinned: the CPU wheel this project is tested with.
 TORCH_PIN := torch==2.13.0
 EXTRAS := dev
+# DeepSpeed compiles a shared-memory extension on first use; keep it between runs.
+export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/accord/torch_extensions
 
 .PHONY: test lint typecheck unit demo clean
 
