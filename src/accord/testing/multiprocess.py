@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
 import time
 import traceback
 from collections.abc import Callable
@@ -42,7 +43,9 @@ def _child(
     except BaseException:
         conn.send(("error", traceback.format_exc()))
         raise SystemExit(1) from None
-    conn.send(("ok", result))
+    # Plain pickle copies tensors; multiprocessing's pickler would pass shared-memory file
+    # descriptors that disappear when this process exits.
+    conn.send(("ok", pickle.dumps(result)))
     conn.close()
 
 
@@ -122,7 +125,7 @@ def _collect(procs: list[Any], conns: list[Connection], timeout: float) -> list[
                 errors[rank] = f"process exited with code {procs[rank].exitcode} before reporting"
                 continue
             if status == "ok":
-                results[rank] = payload
+                results[rank] = pickle.loads(payload)
             else:
                 errors[rank] = payload
     if errors:

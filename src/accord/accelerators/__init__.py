@@ -1,0 +1,20 @@
+"""Accelerators: which devices a strategy runs on."""
+
+from accord.accelerators.accelerator import Accelerator, DevicesLike
+from accord.accelerators.cpu import CPUAccelerator
+from accord.accelerators.cuda import CUDAAccelerator
+from accord.accelerators.mps import MPSAccelerator
+from accord.accelerators.registry import ACCELERATORS, accelerator_from_name, auto_accelerator
+from accord.accelerators.xla import XLAAccelerator
+
+__all__ = [
+    "ACCELERATORS",
+    "Accelerator",
+    "CPUAccelerator",
+    "CUDAAccelerator",
+    "DevicesLike",
+    "MPSAccelerator",
+    "XLAAccelerator",
+    "accelerator_from_name",
+    "auto_accelerator",
+]

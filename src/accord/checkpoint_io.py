@@ -1,0 +1,94 @@
+"""Checkpoint files: written atomically, read safely.
+
+A checkpoint is written to a temporary file beside its destination, flushed to disk and
+renamed over it, so a crash mid-write leaves the previous checkpoint intact. Reading uses
+``torch.load(weights_only=True)`` unless the caller opts out for a file they trust.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from accord.errors import CheckpointError
+
+__all__ = ["load_checkpoint_file", "save_checkpoint_file"]
+
+
+def save_checkpoint_file(checkpoint: dict[str, Any], path: str | Path) -> Path:
+    """Write ``checkpoint`` to ``path`` atomically (temporary file, fsync, rename)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            torch.save(checkpoint, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        tmp.replace(target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(target.parent)
+    return target
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Makes the rename itself durable; not every filesystem allows opening a directory.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def load_checkpoint_file(
+    path: str | Path, *, weights_only: bool = True, map_location: Any = "cpu"
+) -> dict[str, Any]:
+    """Read a checkpoint written by `save_checkpoint_file`.
+
+    Args:
+        path: the checkpoint file.
+        weights_only: as in `torch.load`: only tensors and plain containers are unpickled.
+            Pass False only for a file you trust that holds other objects.
+        map_location: where tensors are loaded (default: CPU).
+
+    Raises:
+        CheckpointError: the file is missing, truncated, corrupt, or not a checkpoint dict.
+    """
+    source = Path(path)
+    if not source.is_file():
+        raise CheckpointError(
+            f"No checkpoint at {str(source)!r}. Check the path, or pass ckpt_path='last' to "
+            "resume from the latest checkpoint."
+        )
+    try:
+        loaded = torch.load(source, map_location=map_location, weights_only=weights_only)
+    except pickle.UnpicklingError as err:
+        if weights_only and "weights_only" in str(err):
+            raise CheckpointError(
+                f"{str(source)!r} holds objects that weights_only=True refuses to unpickle "
+                f"({err}). If you trust the file, load it with weights_only=False."
+            ) from err
+        raise CheckpointError(f"{str(source)!r} is corrupt or truncated: {err}") from err
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as err:
+        raise CheckpointError(
+            f"{str(source)!r} is not a readable checkpoint (corrupt or truncated?): {err}"
+        ) from err
+    if not isinstance(loaded, dict):
+        raise CheckpointError(
+            f"{str(source)!r} holds a {type(loaded).__name__}, not a checkpoint dict."
+        )
+    return loaded

@@ -1,0 +1,223 @@
+"""`Module`: an `nn.Module` with the training hooks, named as Lightning names them.
+
+A ``LightningModule`` ports by changing its base class: ``training_step``,
+``validation_step``, ``test_step``, ``predict_step``, ``configure_optimizers`` (in its usual
+return forms), the ``on_*`` hooks, ``self.log`` and ``self.log_dict`` keep their meaning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from accord.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from accord.trainer.trainer import Trainer
+
+__all__ = ["Module", "OptimizerConfig"]
+
+OptimizerConfig = Any
+"""What ``configure_optimizers`` may return: an optimizer, a list of them, a
+``(optimizers, schedulers)`` pair, or a dict ``{"optimizer": ..., "lr_scheduler": ...}``."""
+
+
+class Module(nn.Module):
+    """Base class for models trained by the `Trainer`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._trainer: Trainer | None = None
+
+    # ------------------------------------------------------------------ context
+    @property
+    def trainer(self) -> Trainer:
+        """The Trainer running this module.
+
+        Raises:
+            ConfigurationError: the module is not attached to a Trainer.
+        """
+        if self._trainer is None:
+            raise ConfigurationError(
+                f"{type(self).__name__} is not attached to a Trainer; call trainer.fit(model) "
+                "(or validate/test/predict) first."
+            )
+        return self._trainer
+
+    @trainer.setter
+    def trainer(self, trainer: Trainer | None) -> None:
+        self._trainer = trainer
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the first parameter (CPU for a module without parameters)."""
+        for param in self.parameters():
+            return param.device
+        return torch.device("cpu")
+
+    @property
+    def current_epoch(self) -> int:
+        """The epoch the Trainer is in (0-based)."""
+        return self._trainer.current_epoch if self._trainer is not None else 0
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken so far."""
+        return self._trainer.global_step if self._trainer is not None else 0
+
+    @property
+    def global_rank(self) -> int:
+        """This process's rank among all processes."""
+        return self._trainer.global_rank if self._trainer is not None else 0
+
+    @property
+    def local_rank(self) -> int:
+        """This process's rank on its node."""
+        return self._trainer.local_rank if self._trainer is not None else 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The Trainer is not part of the model: a pickled module (ddp_spawn) travels alone.
+        state = dict(self.__dict__)
+        state["_trainer"] = None
+        return state
+
+    # ------------------------------------------------------------------ logging
+    def log(
+        self,
+        name: str,
+        value: torch.Tensor | float,
+        *,
+        prog_bar: bool = False,
+        logger: bool = True,
+        on_step: bool | None = None,
+        on_epoch: bool | None = None,
+        reduce_fx: str = "mean",
+        sync_dist: bool = False,
+        batch_size: int | None = None,
+    ) -> None:
+        """Record a metric for the progress bar, the loggers and the callbacks.
+
+        Args:
+            name: the metric's key (``"val_loss"``).
+            value: a number or a one-element tensor.
+            prog_bar: show it in the progress bar.
+            logger: send it to the loggers.
+            on_step: log the value of each step (default: True in ``training_step``).
+            on_epoch: log the epoch aggregate (default: True outside ``training_step``);
+                with both, the keys get ``_step`` and ``_epoch`` suffixes.
+            reduce_fx: how steps combine into the epoch value and ranks into one value:
+                ``"mean"`` (weighted by ``batch_size``), ``"sum"``, ``"max"`` or ``"min"``.
+            sync_dist: reduce across ranks. All metrics of a step are synced together in
+                one collective call.
+            batch_size: the weight of this value in an epoch mean (default: 1).
+        """
+        if self._trainer is None:
+            raise ConfigurationError(
+                f"self.log({name!r}) was called outside a Trainer run; log from the step "
+                "and epoch hooks."
+            )
+        self._trainer._metrics.log(
+            name,
+            value,
+            prog_bar=prog_bar,
+            logger=logger,
+            on_step=on_step,
+            on_epoch=on_epoch,
+            reduce_fx=reduce_fx,
+            sync_dist=sync_dist,
+            batch_size=batch_size,
+        )
+
+    def log_dict(self, metrics: Mapping[str, torch.Tensor | float], **kwargs: Any) -> None:
+        """`log` every item of ``metrics`` with the same options."""
+        for name, value in metrics.items():
+            self.log(name, value, **kwargs)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on global rank zero only."""
+        if self.global_rank == 0:
+            print(*args, **kwargs)
+
+    # -------------------------------------------------------------- the steps
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        """Compute the loss of one batch: a tensor, or a dict with a ``"loss"`` key."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement training_step(batch, batch_idx) to be fit."
+        )
+
+    def validation_step(self, batch: Any, batch_idx: int) -> Any:
+        """Evaluate one validation batch (log metrics with ``self.log``)."""
+
+    def test_step(self, batch: Any, batch_idx: int) -> Any:
+        """Evaluate one test batch (log metrics with ``self.log``)."""
+
+    def predict_step(self, batch: Any, batch_idx: int) -> Any:
+        """Return the prediction for one batch; by default ``self(batch)``."""
+        return self(batch)
+
+    def configure_optimizers(self) -> OptimizerConfig:
+        """Return the optimizer(s), and optionally learning-rate schedulers."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement configure_optimizers() to be fit."
+        )
+
+    # ------------------------------------------------------------------ hooks
+    def setup(self, stage: str) -> None:
+        """Called on every rank at the start of ``fit``/``validate``/``test``/``predict``."""
+
+    def teardown(self, stage: str) -> None:
+        """Called on every rank at the end of a run."""
+
+    def on_fit_start(self) -> None:
+        """Called when fit begins, after the model was placed and wrapped."""
+
+    def on_fit_end(self) -> None:
+        """Called when fit ends."""
+
+    def on_train_start(self) -> None:
+        """Called before the first training epoch."""
+
+    def on_train_end(self) -> None:
+        """Called after the last training epoch."""
+
+    def on_train_epoch_start(self) -> None:
+        """Called at the start of each training epoch."""
+
+    def on_train_epoch_end(self) -> None:
+        """Called at the end of each training epoch (after its validation, if any)."""
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        """Called before each training batch."""
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Called after each training batch."""
+
+    def on_validation_epoch_start(self) -> None:
+        """Called before a validation pass."""
+
+    def on_validation_epoch_end(self) -> None:
+        """Called after a validation pass."""
+
+    def on_test_epoch_start(self) -> None:
+        """Called before a test pass."""
+
+    def on_test_epoch_end(self) -> None:
+        """Called after a test pass."""
+
+    def on_before_backward(self, loss: torch.Tensor) -> None:
+        """Called before ``loss`` is backpropagated."""
+
+    def on_after_backward(self) -> None:
+        """Called after backward, before the optimizer step."""
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Called before each optimizer step (gradients are final and unscaled)."""
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Add to or change ``checkpoint`` before it is written."""
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Read what `on_save_checkpoint` added, when resuming."""

@@ -1,0 +1,114 @@
+"""`Precision`: the Trainer's ``precision=`` as autocast, gradient scaling and dtypes."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from enum import Enum
+from typing import Any
+
+import torch
+
+from accord.errors import ConfigurationError, did_you_mean
+
+__all__ = ["Precision", "PrecisionMode"]
+
+
+class PrecisionMode(str, Enum):
+    """The precision settings accord supports."""
+
+    TRUE_32 = "32-true"
+    BF16_MIXED = "bf16-mixed"
+    FP16_MIXED = "16-mixed"
+    BF16_TRUE = "bf16-true"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, value: str | int | PrecisionMode) -> PrecisionMode:
+        """Accept the names above plus Lightning's short forms (32, "32", 16, "bf16")."""
+        if isinstance(value, PrecisionMode):
+            return value
+        text = str(value).strip().lower()
+        aliases = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed", "16-true": None}
+        key = aliases.get(text, text)
+        for mode in cls:
+            if mode.value == key:
+                return mode
+        names = [mode.value for mode in cls]
+        raise ConfigurationError(
+            f"Unknown precision {value!r}.{did_you_mean(text, names)} Use one of {names}."
+        )
+
+
+class Precision:
+    """Runs forward passes under autocast and scales fp16 losses.
+
+    Args:
+        mode: one of `PrecisionMode` (or its name).
+        device: where the model runs; autocast is set up for its device type.
+    """
+
+    def __init__(self, mode: str | int | PrecisionMode = "32-true", device: Any = "cpu") -> None:
+        self.mode = PrecisionMode.parse(mode)
+        self.device_type = torch.device(device).type
+        self.scaler: torch.amp.GradScaler | None = None
+        if self.mode is PrecisionMode.FP16_MIXED:
+            self.scaler = torch.amp.GradScaler(self.device_type)
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """The dtype autocast computes in, or None when there is no autocast."""
+        return {
+            PrecisionMode.BF16_MIXED: torch.bfloat16,
+            PrecisionMode.FP16_MIXED: torch.float16,
+        }.get(self.mode)
+
+    @property
+    def param_dtype(self) -> torch.dtype | None:
+        """The dtype parameters are converted to, or None to keep them as they are."""
+        return torch.bfloat16 if self.mode is PrecisionMode.BF16_TRUE else None
+
+    def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Convert parameters where the mode asks for it (``bf16-true``)."""
+        return module.to(self.param_dtype) if self.param_dtype is not None else module
+
+    @contextlib.contextmanager
+    def forward_context(self) -> Iterator[None]:
+        """Autocast for the mixed modes; nothing otherwise."""
+        dtype = self.autocast_dtype
+        if dtype is None:
+            yield
+            return
+        with torch.autocast(self.device_type, dtype=dtype):
+            yield
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``, scaled in fp16 mode."""
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()  # type: ignore[no-untyped-call]
+
+    def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """Undo the loss scale on ``optimizer``'s gradients (before clipping)."""
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Step ``optimizer``; in fp16 mode a step with inf/nan gradients is skipped."""
+        if self.scaler is None:
+            optimizer.step()
+            return
+        self.scaler.step(optimizer)
+        self.scaler.update()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loss scaler's state (empty when there is none)."""
+        return self.scaler.state_dict() if self.scaler is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned."""
+        if self.scaler is not None and state:
+            self.scaler.load_state_dict(state)
+
+    def __repr__(self) -> str:
+        return f"Precision({self.mode.value!r})"

@@ -1,0 +1,20 @@
+"""Strategies: how a model trains across devices, each built on one `Collective`."""
+
+from accord.strategies.ddp import DDPStrategy
+from accord.strategies.dp import DPStrategy
+from accord.strategies.parallel import ParallelStrategy
+from accord.strategies.registry import StrategyEntry, StrategyRegistry
+from accord.strategies.single_device import SingleDeviceStrategy
+from accord.strategies.step_module import StepModule
+from accord.strategies.strategy import Strategy
+
+__all__ = [
+    "DDPStrategy",
+    "DPStrategy",
+    "ParallelStrategy",
+    "SingleDeviceStrategy",
+    "StepModule",
+    "Strategy",
+    "StrategyEntry",
+    "StrategyRegistry",
+]

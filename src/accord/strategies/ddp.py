@@ -1,0 +1,159 @@
+"""`DDPStrategy`: one process per device, gradients averaged by DistributedDataParallel."""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import timedelta
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from typing_extensions import override
+
+from accord.accelerators.accelerator import Accelerator
+from accord.collectives.collective import Collective
+from accord.collectives.torch import TorchCollective, default_torch_backend
+from accord.environments.cluster_environment import ClusterEnvironment
+from accord.errors import ConfigurationError
+from accord.precision import Precision
+from accord.strategies.launchers.multiprocessing import MultiprocessingLauncher
+from accord.strategies.launchers.subprocess_script import SubprocessScriptLauncher
+from accord.strategies.parallel import ParallelStrategy
+from accord.strategies.step_module import StepModule
+
+__all__ = ["DDPStrategy"]
+
+StartMethod = Literal["popen", "spawn", "fork", "forkserver"]
+GradientSync = Literal["native", "collective"]
+
+
+class DDPStrategy(ParallelStrategy):
+    """Data parallel training with `torch.nn.parallel.DistributedDataParallel`.
+
+    Args:
+        start_method: how accord starts the local ranks when nothing else did:
+            ``"popen"`` re-runs the script (the default, like ``torchrun``), ``"spawn"``
+            and ``"fork"`` start them from this process. Under torchrun or SLURM nothing
+            is started.
+        process_group_backend: ``"gloo"``, ``"nccl"`` or ``"mpi"`` (default: nccl on CUDA,
+            gloo otherwise) for the default `TorchCollective`.
+        timeout: seconds a collective may wait for the other ranks.
+        gradient_sync: ``"native"`` lets DDP's reducer average gradients on the
+            collective's process group, overlapped with backward; ``"collective"`` sends
+            every gradient bucket through ``self.collective.all_reduce`` (a DDP comm hook),
+            so a custom collective also carries the gradients.
+        find_unused_parameters, **ddp_kwargs: passed to `DistributedDataParallel`.
+        accelerator, parallel_devices, cluster_environment, collective, precision,
+            num_nodes: as `ParallelStrategy`.
+    """
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        collective: Collective | None = None,
+        precision: Precision | None = None,
+        num_nodes: int = 1,
+        start_method: StartMethod = "popen",
+        process_group_backend: str | None = None,
+        timeout: float | timedelta = 1800.0,
+        gradient_sync: GradientSync = "native",
+        find_unused_parameters: bool = False,
+        **ddp_kwargs: Any,
+    ) -> None:
+        super().__init__(
+            accelerator, parallel_devices, cluster_environment, collective, precision, num_nodes
+        )
+        if start_method not in ("popen", "spawn", "fork", "forkserver"):
+            raise ConfigurationError(
+                f"start_method={start_method!r} is not one of 'popen', 'spawn', 'fork', "
+                "'forkserver'."
+            )
+        if gradient_sync not in ("native", "collective"):
+            raise ConfigurationError(
+                f"gradient_sync={gradient_sync!r}: use 'native' or 'collective'."
+            )
+        self.start_method = start_method
+        self.process_group_backend = process_group_backend
+        self.timeout = timeout
+        self.gradient_sync = gradient_sync
+        self.ddp_kwargs = {"find_unused_parameters": find_unused_parameters, **ddp_kwargs}
+
+    @override
+    def default_collective(self) -> Collective:
+        backend = self.process_group_backend or default_torch_backend(self.root_device)
+        return TorchCollective(backend, timeout=self.timeout)
+
+    @override
+    def _configure_launcher(self) -> None:
+        env = self.cluster_environment
+        if env is None or env.creates_processes_externally:
+            self._launcher = None
+        elif self.start_method == "popen":
+            self._launcher = SubprocessScriptLauncher(env, self.num_processes, self.num_nodes)
+        else:
+            self._launcher = MultiprocessingLauncher(
+                env, self.num_processes, self.start_method, self.num_nodes
+            )
+
+    @override
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        module = super().setup_module(module)
+        if not dist.is_available() or not dist.is_initialized():
+            raise ConfigurationError(
+                f"DDPStrategy wraps the model in DistributedDataParallel, which needs a "
+                f"torch.distributed process group, but {type(self.collective).__name__} did "
+                "not create or join one. Use a collective built on TorchCollective."
+            )
+        device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
+        wrapped = DistributedDataParallel(
+            StepModule(module),
+            device_ids=device_ids,
+            process_group=getattr(self.collective, "group", None),
+            **self.ddp_kwargs,
+        )
+        if self.gradient_sync == "collective":
+            wrapped.register_comm_hook(self.collective, _collective_allreduce_hook)
+        return wrapped
+
+    @override
+    def step(self, model: nn.Module, name: str, *args: Any) -> Any:
+        if isinstance(model, DistributedDataParallel):
+            return model(name, *args)
+        return super().step(model, name, *args)
+
+    @override
+    def no_backward_sync(
+        self, module: nn.Module, enabled: bool
+    ) -> contextlib.AbstractContextManager[Any]:
+        if enabled and isinstance(module, DistributedDataParallel):
+            return module.no_sync()
+        return contextlib.nullcontext()
+
+    @override
+    def unwrap(self, module: nn.Module) -> nn.Module:
+        if isinstance(module, DistributedDataParallel):
+            module = module.module
+        if isinstance(module, StepModule):
+            module = module.module
+        return module
+
+
+def _collective_allreduce_hook(
+    collective: Collective, bucket: Any
+) -> torch.futures.Future[torch.Tensor]:
+    """A DDP comm hook that averages a gradient bucket in place through ``collective``."""
+    buffer = bucket.buffer()
+    collective.all_reduce(buffer, "mean", out=buffer)
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future.set_result(buffer)
+    return future
+
+
+# DDP validates a hook's annotations as objects; this module's are strings (postponed).
+_collective_allreduce_hook.__annotations__.update(
+    {"bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}  # type: ignore[attr-defined]
+)

@@ -1,0 +1,97 @@
+"""`DPStrategy`: one process drives all local GPUs with `torch.nn.DataParallel`."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+from typing_extensions import override
+
+from accord.accelerators.accelerator import Accelerator
+from accord.collectives.collective import Collective
+from accord.collectives.single_device import SingleDeviceCollective
+from accord.environments.cluster_environment import ClusterEnvironment
+from accord.precision import Precision
+from accord.strategies.step_module import StepModule
+from accord.strategies.strategy import Strategy
+
+__all__ = ["DPStrategy"]
+
+_warned_cpu = False
+
+
+class DPStrategy(Strategy):
+    """Split each batch across the local GPUs in one process (`torch.nn.DataParallel`).
+
+    There is one process, so the collective is a `SingleDeviceCollective`. On CPU,
+    DataParallel runs a single replica; accord says so once. Prefer ``ddp``: DataParallel
+    is single-node and slower.
+
+    Args:
+        parallel_devices: the devices to replicate over (the Trainer fills it in).
+        accelerator, collective, cluster_environment, precision: as `Strategy`.
+    """
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        collective: Collective | None = None,
+        precision: Precision | None = None,
+    ) -> None:
+        super().__init__(accelerator, collective, cluster_environment, precision)
+        self.parallel_devices = parallel_devices or [torch.device("cpu")]
+
+    @override
+    def default_collective(self) -> Collective:
+        return SingleDeviceCollective()
+
+    @property
+    @override
+    def root_device(self) -> torch.device:
+        return self.parallel_devices[0]
+
+    @override
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        global _warned_cpu
+        module = super().setup_module(module)
+        if self.root_device.type != "cuda":
+            if not _warned_cpu:
+                _warned_cpu = True
+                warnings.warn(
+                    "strategy='dp' on CPU runs one replica: DataParallel only splits batches "
+                    "across CUDA devices. Use strategy='ddp' to train with several CPU processes.",
+                    UserWarning,
+                    stacklevel=2,
+                )
+            return nn.DataParallel(StepModule(module), device_ids=[])
+        ids = [device.index for device in self.parallel_devices if device.index is not None]
+        return nn.DataParallel(StepModule(module), device_ids=ids, output_device=ids[0])
+
+    @override
+    def step(self, model: nn.Module, name: str, *args: Any) -> Any:
+        if isinstance(model, nn.DataParallel):
+            output = model(name, *args)
+            return _mean_of_replicas(output) if len(model.device_ids) > 1 else output
+        return super().step(model, name, *args)
+
+    @override
+    def unwrap(self, module: nn.Module) -> nn.Module:
+        if isinstance(module, nn.DataParallel):
+            module = module.module
+        if isinstance(module, StepModule):
+            module = module.module
+        return module
+
+
+def _mean_of_replicas(output: Any) -> Any:
+    """DataParallel gathers each replica's scalar loss into a vector; average it back."""
+    if isinstance(output, torch.Tensor) and output.dim() == 1:
+        return output.mean()
+    if isinstance(output, dict) and isinstance(output.get("loss"), torch.Tensor):
+        loss = output["loss"]
+        return {**output, "loss": loss.mean() if loss.dim() == 1 else loss}
+    return output

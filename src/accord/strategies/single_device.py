@@ -1,0 +1,50 @@
+"""`SingleDeviceStrategy`: one process, one device."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from typing_extensions import override
+
+from accord.accelerators.accelerator import Accelerator
+from accord.collectives.collective import Collective
+from accord.collectives.single_device import SingleDeviceCollective
+from accord.environments.cluster_environment import ClusterEnvironment
+from accord.precision import Precision
+from accord.strategies.strategy import Strategy
+
+__all__ = ["SingleDeviceStrategy"]
+
+
+class SingleDeviceStrategy(Strategy):
+    """Train on one device in this process; communication is the identity.
+
+    Args:
+        device: the device to train on (default: CPU).
+        accelerator, collective, cluster_environment, precision: as `Strategy`.
+    """
+
+    def __init__(
+        self,
+        device: torch.device | str | int = "cpu",
+        accelerator: Accelerator | None = None,
+        collective: Collective | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        precision: Precision | None = None,
+    ) -> None:
+        super().__init__(accelerator, collective, cluster_environment, precision)
+        self._device = torch.device(device)
+
+    @override
+    def default_collective(self) -> Collective:
+        return SingleDeviceCollective()
+
+    @property
+    @override
+    def root_device(self) -> torch.device:
+        return self._device
+
+    @override
+    def collective_setup_kwargs(self) -> dict[str, Any]:
+        return {}

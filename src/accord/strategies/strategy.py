@@ -1,0 +1,323 @@
+"""`Strategy`: how a model trains across devices, built on exactly one `Collective`.
+
+A strategy owns its collective as a member (``self.collective``), and every higher-order
+communication helper below — `reduce`, `broadcast`, uneven `all_gather`,
+`reduce_boolean_decision` — is written once, here, on the collective's primitives. So
+"do all ranks agree?" means the same on torch.distributed, DeepSpeed, XLA or Horovod.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+from torch import nn
+
+from accord.accelerators.accelerator import Accelerator
+from accord.accelerators.cpu import CPUAccelerator
+from accord.checkpoint_io import load_checkpoint_file, save_checkpoint_file
+from accord.collectives.collective import Collective, ReduceOpLike
+from accord.environments.cluster_environment import ClusterEnvironment
+from accord.precision import Precision
+
+if TYPE_CHECKING:
+    from accord.strategies.launchers.launcher import Launcher
+
+__all__ = ["Strategy"]
+
+T = TypeVar("T")
+
+
+class Strategy(ABC):
+    """Base class of every strategy.
+
+    Args:
+        accelerator: the device kind; the Trainer fills it in when omitted.
+        collective: the collective to communicate with; default: `default_collective()`.
+        cluster_environment: where ranks and the rendezvous address come from.
+        precision: the `Precision` to train in; default ``32-true``.
+
+    To change how a strategy communicates, pass ``collective=`` or override
+    `default_collective` in a subclass: nothing in a strategy calls a backend's
+    communication functions except through ``self.collective``.
+    """
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        collective: Collective | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        precision: Precision | None = None,
+    ) -> None:
+        self.accelerator = accelerator
+        self.cluster_environment = cluster_environment
+        self.precision = precision if precision is not None else Precision()
+        self._collective = collective
+        self._launcher: Launcher | None = None
+
+    # ------------------------------------------------------------- the collective
+    @abstractmethod
+    def default_collective(self) -> Collective:
+        """The collective this strategy uses when none was injected.
+
+        This is the one hook a subclass overrides to change communication.
+        """
+
+    @property
+    def collective(self) -> Collective:
+        """The strategy's collective: the injected one, else `default_collective()`."""
+        if self._collective is None:
+            self._collective = self.default_collective()
+        return self._collective
+
+    @collective.setter
+    def collective(self, collective: Collective) -> None:
+        self._collective = collective
+
+    # ------------------------------------------------------------------ identity
+    @property
+    @abstractmethod
+    def root_device(self) -> torch.device:
+        """The device this process computes on."""
+
+    @property
+    def global_rank(self) -> int:
+        """Rank of this process among all processes."""
+        if self._collective is not None and self._collective.is_setup:
+            return self._collective.rank
+        env = self.cluster_environment
+        return env.global_rank() if env is not None else 0
+
+    @property
+    def local_rank(self) -> int:
+        """Rank of this process on its node."""
+        env = self.cluster_environment
+        return env.local_rank() if env is not None else 0
+
+    @property
+    def node_rank(self) -> int:
+        """Rank of this process's node."""
+        env = self.cluster_environment
+        return env.node_rank() if env is not None else 0
+
+    @property
+    def world_size(self) -> int:
+        """Number of processes taking part."""
+        if self._collective is not None and self._collective.is_setup:
+            return self._collective.world_size
+        env = self.cluster_environment
+        return env.world_size() if env is not None else 1
+
+    @property
+    def is_global_zero(self) -> bool:
+        """Whether this is rank 0, the one that writes files and prints."""
+        return self.global_rank == 0
+
+    @property
+    def launcher(self) -> Launcher | None:
+        """How processes are started, or None when they already run (torchrun, SLURM)."""
+        return self._launcher
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
+        """``num_replicas``/``rank`` for a `DistributedSampler`, or None when not sharding data."""
+        return None
+
+    # ----------------------------------------------------------------- lifecycle
+    def _configure_launcher(self) -> None:
+        """Decide `launcher`; called once the Trainer has filled in devices and environment."""
+
+    def setup_environment(self) -> None:
+        """Prepare the device and set the collective up (create or join the group)."""
+        accelerator = self.accelerator or CPUAccelerator()
+        accelerator.setup_device(self.root_device)
+        self.collective.setup(**self.collective_setup_kwargs())
+
+    def collective_setup_kwargs(self) -> dict[str, Any]:
+        """Arguments passed to ``collective.setup()``."""
+        return {}
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        """Move ``module`` to the device and wrap it as the strategy needs."""
+        return self.precision.convert_module(module.to(self.root_device))
+
+    def setup_optimizers(
+        self, module: nn.Module, optimizers: list[torch.optim.Optimizer]
+    ) -> list[torch.optim.Optimizer]:
+        """Wrap or replace the optimizers (most strategies keep them)."""
+        return optimizers
+
+    def teardown(self) -> None:
+        """Release the collective (only what it created), the device and the environment."""
+        if self._collective is not None:
+            self._collective.teardown()
+        if self.accelerator is not None:
+            self.accelerator.teardown()
+        if self.cluster_environment is not None:
+            self.cluster_environment.teardown()
+
+    # ------------------------------------------------------------ training step
+    def batch_to_device(self, batch: Any) -> Any:
+        """Move every tensor in ``batch`` (nested lists, tuples, dicts) to `root_device`."""
+        return move_to_device(batch, self.root_device)
+
+    @contextlib.contextmanager
+    def forward_context(self) -> Iterator[None]:
+        """Context for forward passes (autocast for mixed precision)."""
+        with self.precision.forward_context():
+            yield
+
+    def step(self, model: nn.Module, name: str, *args: Any) -> Any:
+        """Run the user's step hook ``name`` (``"training_step"``, ...) through ``model``.
+
+        Strategies whose wrapper must see the call (DDP, DP) route it through the
+        wrapper's ``forward``; the default calls the hook on the unwrapped module.
+        """
+        return getattr(self.unwrap(model), name)(*args)
+
+    def backward(self, loss: torch.Tensor, module: nn.Module) -> None:
+        """Backpropagate ``loss``."""
+        self.precision.backward(loss)
+
+    def no_backward_sync(
+        self, module: nn.Module, enabled: bool
+    ) -> contextlib.AbstractContextManager[Any]:
+        """Skip gradient synchronisation while ``enabled`` (between accumulation steps)."""
+        return contextlib.nullcontext()
+
+    def clip_gradients(
+        self, module: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float
+    ) -> torch.Tensor:
+        """Clip the gradients of ``module`` to total norm ``max_norm``; return the norm."""
+        self.precision.unscale_gradients(optimizer)
+        return torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm)
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, module: nn.Module) -> None:
+        """Apply one optimizer step."""
+        self.precision.optimizer_step(optimizer)
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer, module: nn.Module) -> None:
+        """Clear the gradients after a step."""
+        optimizer.zero_grad(set_to_none=True)
+
+    def unwrap(self, module: nn.Module) -> nn.Module:
+        """The user's module inside whatever wrapper `setup_module` added."""
+        return module
+
+    # --------------------------------------------------------------- checkpoints
+    def module_state_dict(self, module: nn.Module) -> dict[str, Any]:
+        """The full state dict of the user's module."""
+        return self.unwrap(module).state_dict()
+
+    def load_module_state_dict(
+        self, module: nn.Module, state: dict[str, Any], strict: bool = True
+    ) -> None:
+        """Load ``state`` into the user's module."""
+        self.unwrap(module).load_state_dict(state, strict=strict)
+
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """The optimizer's state dict."""
+        return optimizer.state_dict()
+
+    def load_optimizer_state_dict(
+        self, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+    ) -> None:
+        """Load what `optimizer_state_dict` returned into ``optimizer``."""
+        optimizer.load_state_dict(state)
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path) -> None:
+        """Write ``checkpoint`` atomically from rank 0; every rank waits until it exists."""
+        if self.is_global_zero:
+            save_checkpoint_file(checkpoint, path)
+        self.barrier("save_checkpoint")
+
+    def load_checkpoint(self, path: str | Path, *, weights_only: bool = True) -> dict[str, Any]:
+        """Read a checkpoint written by `save_checkpoint` (``weights_only`` as `torch.load`)."""
+        return load_checkpoint_file(path, weights_only=weights_only)
+
+    def remove_checkpoint(self, path: str | Path) -> None:
+        """Delete a checkpoint this strategy wrote (rank 0 only)."""
+        if self.is_global_zero:
+            Path(path).unlink(missing_ok=True)
+
+    # ------------------------------------------------------------- communication
+    def reduce(self, tensor: torch.Tensor | float, op: ReduceOpLike = "mean") -> torch.Tensor:
+        """Reduce ``tensor`` (or a number) over all ranks; the input is not modified."""
+        if not isinstance(tensor, torch.Tensor):
+            tensor = torch.tensor(tensor, device=self.root_device)
+        return self.collective.all_reduce(tensor, op)
+
+    def broadcast(self, obj: T, src: int = 0) -> T:
+        """Return rank ``src``'s ``obj`` on every rank.
+
+        A tensor travels as a tensor and must have the same shape and dtype on every rank;
+        anything else is pickled.
+        """
+        if isinstance(obj, torch.Tensor):
+            return self.collective.broadcast(obj, src)  # type: ignore[return-value]
+        return self.collective.broadcast_object(obj, src)  # type: ignore[no-any-return]
+
+    def all_gather(self, tensor: torch.Tensor, *, even: bool = False) -> torch.Tensor:
+        """Concatenate every rank's ``tensor`` along dim 0, in rank order.
+
+        First dimensions may differ between ranks (the tensors are padded to the longest,
+        gathered, and trimmed); the other dimensions and the dtype must agree. A 0-d
+        tensor counts as one element, so scalars gather to shape ``[world_size]``. Pass
+        ``even=True`` when every rank's shape is known to be the same: it skips the
+        exchange of lengths, so the gather is a single collective call.
+        """
+        if tensor.dim() == 0:
+            tensor = tensor.reshape(1)
+        if even:
+            gathered = self.collective.all_gather(tensor)
+            return gathered.reshape(-1, *gathered.shape[2:])
+        length = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=tensor.device)
+        lengths = self.collective.all_gather(length).flatten().tolist()
+        longest = max(lengths)
+        if tensor.shape[0] < longest:
+            padded = tensor.new_zeros((longest, *tensor.shape[1:]))
+            padded[: tensor.shape[0]] = tensor
+            tensor = padded
+        gathered = self.collective.all_gather(tensor)
+        if all(n == longest for n in lengths):
+            return gathered.reshape(-1, *gathered.shape[2:])
+        return torch.cat([gathered[rank, :n] for rank, n in enumerate(lengths)])
+
+    def barrier(self, name: str | None = None) -> None:
+        """Wait until every rank arrives."""
+        self.collective.barrier(name)
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        """Agree on one boolean across ranks, with a single ``all_reduce(sum)``.
+
+        Every rank contributes its ``decision`` as a one-element integer tensor and gets
+        the same answer, so no rank leaves a loop on its own while the others wait.
+
+        With ``all=True`` the result is True only when every rank said True; with
+        ``all=False`` it is True when any rank did. Example: EarlyStopping on 4 ranks where
+        only rank 2 wants to stop — ``all=True`` gives False on every rank, ``all=False``
+        gives True on every rank.
+        """
+        vote = torch.tensor([1 if decision else 0], dtype=torch.int32, device=self.root_device)
+        total = int(self.collective.all_reduce(vote, "sum", out=vote).item())
+        return total == self.world_size if all else total > 0
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(collective={type(self.collective).__name__})"
+
+
+def move_to_device(batch: Any, device: torch.device) -> Any:
+    """Move the tensors of a nested batch to ``device``, keeping the container types."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=device.type == "cuda")
+    if isinstance(batch, dict):
+        return type(batch)((key, move_to_device(value, device)) for key, value in batch.items())
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(move_to_device(value, device) for value in batch))
+    if isinstance(batch, list | tuple):
+        return type(batch)(move_to_device(value, device) for value in batch)
+    return batch

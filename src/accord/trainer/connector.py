@@ -1,0 +1,143 @@
+"""Turns the Trainer's ``strategy``/``accelerator``/``devices``/``num_nodes``/``precision``
+arguments into one configured `Strategy`, or an error that says what to pass instead."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from accord.accelerators.accelerator import Accelerator, DevicesLike
+from accord.accelerators.cpu import CPUAccelerator
+from accord.accelerators.registry import accelerator_from_name
+from accord.environments.cluster_environment import ClusterEnvironment
+from accord.environments.local import LocalEnvironment
+from accord.environments.slurm import SLURMEnvironment
+from accord.environments.torchelastic import TorchElasticEnvironment
+from accord.errors import ConfigurationError
+from accord.precision import Precision, PrecisionMode
+from accord.strategies.dp import DPStrategy
+from accord.strategies.parallel import ParallelStrategy
+from accord.strategies.registry import StrategyRegistry
+from accord.strategies.single_device import SingleDeviceStrategy
+from accord.strategies.strategy import Strategy
+
+__all__ = ["connect", "detect_cluster_environment"]
+
+
+def detect_cluster_environment() -> ClusterEnvironment:
+    """torchrun first, then SLURM, else the local machine."""
+    for cls in (TorchElasticEnvironment, SLURMEnvironment):
+        if cls.detect():
+            return cls()
+    return LocalEnvironment()
+
+
+def _distributed_requested(num_devices: int, num_nodes: int, env: ClusterEnvironment) -> bool:
+    external = not isinstance(env, LocalEnvironment) and int(os.environ.get("WORLD_SIZE", 1)) > 1
+    return num_devices > 1 or num_nodes > 1 or external
+
+
+def connect(
+    strategy: str | Strategy = "auto",
+    accelerator: str | Accelerator = "auto",
+    devices: DevicesLike = "auto",
+    num_nodes: int = 1,
+    precision: str | int = "32-true",
+) -> Strategy:
+    """Build and configure the strategy the arguments describe.
+
+    Raises:
+        ConfigurationError: unknown names or impossible combinations, with what to do.
+    """
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
+        raise ConfigurationError(f"num_nodes={num_nodes!r} must be an int >= 1.")
+    if (
+        isinstance(strategy, Strategy)
+        and strategy.accelerator is not None
+        and accelerator == "auto"
+    ):
+        accel = strategy.accelerator
+    elif isinstance(accelerator, Accelerator):
+        accel = accelerator
+    elif isinstance(accelerator, str):
+        accel = accelerator_from_name(accelerator)
+    else:
+        raise ConfigurationError(
+            f"accelerator={accelerator!r} must be a name ('cpu', 'cuda', 'mps', 'auto') or "
+            "an Accelerator."
+        )
+    device_ids = accel.parse_devices(devices if devices != "auto" or accel.name != "cpu" else 1)
+    env = detect_cluster_environment()
+
+    if isinstance(strategy, str):
+        key = strategy.strip().lower()
+        if key == "auto":
+            if _distributed_requested(len(device_ids), num_nodes, env):
+                key = "ddp"
+            else:
+                key = "single_device"
+        built = StrategyRegistry.get(key).build()
+    elif isinstance(strategy, Strategy):
+        built = strategy
+    else:
+        raise ConfigurationError(
+            f"strategy={strategy!r} must be a registered name (e.g. 'ddp') or a Strategy instance."
+        )
+
+    parallel_devices = accel.get_parallel_devices(device_ids)
+    if built.accelerator is None:
+        built.accelerator = accel
+    elif not isinstance(built.accelerator, type(accel)) and accelerator != "auto":
+        raise ConfigurationError(
+            f"The strategy was built for accelerator {built.accelerator.name!r} but the Trainer "
+            f"got accelerator={accel.name!r}. Pass one of them only."
+        )
+    mode = PrecisionMode.parse(precision)
+    if mode is PrecisionMode.FP16_MIXED and parallel_devices[0].type == "cpu":
+        raise ConfigurationError(
+            "precision='16-mixed' needs a CUDA device; on CPU use precision='bf16-mixed'."
+        )
+    built.precision = Precision(mode, parallel_devices[0])
+
+    if isinstance(built, SingleDeviceStrategy):
+        if len(device_ids) > 1 or num_nodes > 1:
+            raise ConfigurationError(
+                f"strategy='single_device' trains on one device, but devices={devices!r} and "
+                f"num_nodes={num_nodes} ask for {len(device_ids) * num_nodes}. Use "
+                "strategy='ddp', or devices=1."
+            )
+        built._device = parallel_devices[0]
+    elif isinstance(built, DPStrategy):
+        if num_nodes > 1:
+            raise ConfigurationError(
+                "strategy='dp' (DataParallel) runs in one process on one machine, but "
+                f"num_nodes={num_nodes}. Use strategy='ddp' for several machines."
+            )
+        built.parallel_devices = parallel_devices
+    elif isinstance(built, ParallelStrategy):
+        if built.cluster_environment is None:
+            built.cluster_environment = env
+        built.cluster_environment.validate_settings(len(device_ids), num_nodes)
+        if built.parallel_devices is None:
+            built.parallel_devices = parallel_devices
+        built.num_nodes = num_nodes
+        built.configure_ranks()
+    if built.cluster_environment is None:
+        built.cluster_environment = env if not isinstance(built, SingleDeviceStrategy) else None
+    _check_device_kind(built, accel)
+    built._configure_launcher()
+    return built
+
+
+def _check_device_kind(strategy: Strategy, accel: Accelerator) -> None:
+    device = strategy.root_device
+    if isinstance(accel, CPUAccelerator) and device.type != "cpu":
+        raise ConfigurationError(
+            f"accelerator='cpu' but the strategy's device is {device}. Pass the matching "
+            "accelerator, or build the strategy without a device."
+        )
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigurationError(
+            f"The strategy targets {device}, but CUDA is not available. Use accelerator='cpu'."
+        )

@@ -1,0 +1,189 @@
+"""What ``self.log`` records, and how it is synced: one collective call per flush.
+
+Step values logged with ``sync_dist=True`` are stacked into one vector and gathered with a
+single ``all_gather``; each metric is then reduced locally with its own ``reduce_fx``.
+Epoch aggregates keep a running total and weight per rank and are synced the same way,
+once, at the end of the epoch, so an epoch mean is exact across ranks with unequal batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from accord.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from accord.strategies.strategy import Strategy
+
+__all__ = ["MetricStore"]
+
+_FXS = ("mean", "sum", "max", "min")
+
+
+@dataclass
+class _Options:
+    prog_bar: bool
+    logger: bool
+    reduce_fx: str
+    sync_dist: bool
+
+
+@dataclass
+class _Aggregate:
+    options: _Options
+    total: float
+    weight: float
+
+
+class MetricStore:
+    """Collects logged values for one run and hands out synced results.
+
+    Attributes:
+        callback_metrics: the latest value of every metric, for callbacks.
+        progress_bar_metrics: the latest value of each ``prog_bar=True`` metric.
+    """
+
+    def __init__(self) -> None:
+        self.in_step = False
+        self.stage = "train"
+        self._step: dict[str, tuple[_Options, torch.Tensor]] = {}
+        self._epochs: dict[str, dict[str, _Aggregate]] = {}
+        self.callback_metrics: dict[str, torch.Tensor] = {}
+        self.progress_bar_metrics: dict[str, float] = {}
+        self.collective_calls = 0
+
+    def log(
+        self,
+        name: str,
+        value: torch.Tensor | float,
+        *,
+        prog_bar: bool,
+        logger: bool,
+        on_step: bool | None,
+        on_epoch: bool | None,
+        reduce_fx: str,
+        sync_dist: bool,
+        batch_size: int | None,
+    ) -> None:
+        """Record one value (see `accord.Module.log` for the arguments)."""
+        fx = reduce_fx.lower()
+        if fx not in _FXS:
+            raise ConfigurationError(
+                f"self.log({name!r}, reduce_fx={reduce_fx!r}): use one of {list(_FXS)}."
+            )
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ConfigurationError(
+                    f"self.log({name!r}) got a tensor of shape {tuple(value.shape)}; log one "
+                    "number (e.g. value.mean())."
+                )
+            number = value.detach().reshape(()).float()
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            number = torch.tensor(float(value))
+        else:
+            raise ConfigurationError(
+                f"self.log({name!r}) got {type(value).__name__}; log a number or a one-element "
+                "tensor."
+            )
+        training_step = self.in_step and self.stage == "train"
+        step = training_step if on_step is None else on_step
+        epoch = (not training_step) if on_epoch is None else on_epoch
+        options = _Options(prog_bar, logger, fx, sync_dist)
+        if step:
+            self._step[f"{name}_step" if epoch else name] = (options, number)
+        if epoch:
+            key = f"{name}_epoch" if step else name
+            store = self._epochs.setdefault(self.stage, {})
+            _accumulate(store, key, options, float(number), float(batch_size or 1))
+
+    def flush_step(self, strategy: Strategy) -> dict[str, float]:
+        """Sync this step's values (one collective call if any asks for it) and return them."""
+        if not self._step:
+            return {}
+        items = sorted(self._step.items())
+        self._step = {}
+        synced = [(k, o, v) for k, (o, v) in items if o.sync_dist and strategy.world_size > 1]
+        values = {k: float(v) for k, (_, v) in items}
+        if synced:
+            stacked = torch.stack([v for _, _, v in synced]).to(strategy.root_device)
+            gathered = strategy.all_gather(stacked.unsqueeze(0), even=True).cpu()
+            self.collective_calls += 1
+            for column, (key, options, _) in enumerate(synced):
+                values[key] = _combine(gathered[:, column], options.reduce_fx)
+        opts = {k: o for k, (o, _) in items}
+        self._publish(values, opts)
+        return {k: v for k, v in values.items() if opts[k].logger}
+
+    def flush_epoch(self, strategy: Strategy, stage: str) -> dict[str, float]:
+        """Sync ``stage``'s epoch aggregates (one collective call if any asks); return them."""
+        epoch = self._epochs.pop(stage, {})
+        if not epoch:
+            return {}
+        items = sorted(epoch.items())
+        values: dict[str, float] = {}
+        synced = [(k, a) for k, a in items if a.options.sync_dist and strategy.world_size > 1]
+        if synced:
+            rows = torch.tensor([[a.total, a.weight] for _, a in synced], dtype=torch.float64)
+            gathered = strategy.all_gather(rows.unsqueeze(0).to(strategy.root_device), even=True)
+            self.collective_calls += 1
+            per_rank = gathered.cpu()
+            for index, (key, agg) in enumerate(synced):
+                totals, weights = per_rank[:, index, 0], per_rank[:, index, 1]
+                values[key] = _finish_epoch(totals, weights, agg.options.reduce_fx)
+        for key, agg in items:
+            if key not in values:
+                values[key] = _finish_epoch(
+                    torch.tensor([agg.total]), torch.tensor([agg.weight]), agg.options.reduce_fx
+                )
+        self._publish(values, {k: a.options for k, a in items})
+        return {k: values[k] for k, a in items if a.options.logger}
+
+    def _publish(self, values: dict[str, float], options: dict[str, _Options]) -> None:
+        for key, number in values.items():
+            self.callback_metrics[key] = torch.tensor(number)
+            if options[key].prog_bar:
+                self.progress_bar_metrics[key] = number
+
+    def reset(self, stage: str) -> None:
+        """Drop ``stage``'s unfinished aggregates and any unflushed step values."""
+        self._epochs.pop(stage, None)
+        self._step = {}
+
+
+def _accumulate(
+    store: dict[str, _Aggregate], key: str, options: _Options, value: float, weight: float
+) -> None:
+    agg = store.get(key)
+    if agg is None:
+        total = value * weight if options.reduce_fx == "mean" else value
+        store[key] = _Aggregate(options, total, weight)
+        return
+    fx = options.reduce_fx
+    if fx == "mean":
+        agg.total += value * weight
+    elif fx == "sum":
+        agg.total += value
+    elif fx == "max":
+        agg.total = max(agg.total, value)
+    else:
+        agg.total = min(agg.total, value)
+    agg.weight += weight
+
+
+def _combine(values: torch.Tensor, fx: str) -> float:
+    if fx == "mean":
+        return float(values.double().mean())
+    if fx == "sum":
+        return float(values.double().sum())
+    if fx == "max":
+        return float(values.max())
+    return float(values.min())
+
+
+def _finish_epoch(totals: torch.Tensor, weights: torch.Tensor, fx: str) -> float:
+    if fx == "mean":
+        return float(totals.double().sum() / weights.double().sum())
+    return _combine(totals, fx)

@@ -1,0 +1,65 @@
+"""Small models and data shared by the strategy regression tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import accord
+
+
+def regression_data(samples: int = 256, features: int = 8, seed: int = 0) -> TensorDataset:
+    """A linear regression problem with a little noise, identical on every rank."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(samples, features, generator=generator)
+    w = torch.randn(features, generator=generator)
+    y = x @ w + 0.01 * torch.randn(samples, generator=generator)
+    return TensorDataset(x, y)
+
+
+class LinearModel(accord.Module):
+    """A linear layer trained with SGD; logs its loss (synced across ranks)."""
+
+    def __init__(self, features: int = 8, lr: float = 0.1) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = nn.Linear(features, 1)
+        self.lr = lr
+        self.losses: list[float] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x).squeeze(-1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = nn.functional.mse_loss(self(x), y)
+        self.log("train_loss", loss, sync_dist=True, on_epoch=True, prog_bar=True)
+        self.losses.append(float(loss.detach()))
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self(x), y), sync_dist=True)
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("test_loss", nn.functional.mse_loss(self(x), y), sync_dist=True)
+
+    def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self(batch[0])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+def loader(batch_size: int, samples: int = 256, shuffle: bool = False) -> DataLoader[Any]:
+    """A DataLoader over `regression_data`."""
+    return DataLoader(regression_data(samples), batch_size=batch_size, shuffle=shuffle)
+
+
+def flat_weights(module: nn.Module) -> torch.Tensor:
+    """All parameters of ``module`` as one vector."""
+    return torch.cat([p.detach().flatten() for p in module.parameters()])

@@ -1,0 +1,260 @@
+"""DDP regression tests: real fits over gloo, started by every launcher accord supports."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from models import LinearModel, flat_weights, loader
+
+import accord
+from accord.collectives import ReduceOpLike, TorchCollective
+from accord.environments.local import find_free_port
+from accord.strategies import DDPStrategy
+from accord.testing import run_distributed
+from conftest import run_python
+
+SCRIPT = str(Path(__file__).parent / "scripts" / "fit.py")
+
+
+def _single_device_weights() -> torch.Tensor:
+    """The same global batch (2 ranks x 16) on one device: batch 32."""
+    model = LinearModel()
+    trainer = accord.Trainer(
+        strategy="single_device",
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        accelerator="cpu",
+    )
+    trainer.fit(model, loader(batch_size=32))
+    return flat_weights(model)
+
+
+def _check_ranks(out: Path, world_size: int) -> None:
+    results = [torch.load(out / f"rank{r}.pt") for r in range(world_size)]
+    for result in results:
+        assert result["world_size"] == world_size
+        assert result["global_step"] == 2 * 256 // (16 * world_size)
+        torch.testing.assert_close(result["weights"], results[0]["weights"], rtol=0, atol=0)
+        assert result["losses"][-1] < result["losses"][0] / 4
+    if world_size == 2:
+        torch.testing.assert_close(
+            results[0]["weights"], _single_device_weights(), rtol=1e-5, atol=1e-6
+        )
+
+
+def test_popen_relaunches_the_script(tmp_path: Path) -> None:
+    run_python([SCRIPT, str(tmp_path), "ddp", "2", "1"])
+    _check_ranks(tmp_path, 2)
+
+
+def test_torchrun_two_processes(tmp_path: Path) -> None:
+    run_python(
+        [
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(find_free_port()),
+            SCRIPT,
+            str(tmp_path),
+            "ddp",
+            "2",
+            "1",
+        ]
+    )
+    _check_ranks(tmp_path, 2)
+
+
+def test_torchrun_two_nodes_on_loopback(tmp_path: Path) -> None:
+    import subprocess
+
+    port = str(find_free_port())
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(node),
+                "--nproc-per-node",
+                "1",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                port,
+                SCRIPT,
+                str(tmp_path),
+                "ddp",
+                "1",
+                "2",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for node in (0, 1)
+    ]
+    outputs = [node.communicate(timeout=180)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(outputs)
+    _check_ranks(tmp_path, 2)
+
+
+@pytest.mark.parametrize("strategy", ["ddp_spawn", "ddp_fork"])
+def test_spawn_and_fork_return_trained_weights(strategy: str) -> None:
+    model = LinearModel()
+    trainer = accord.Trainer(
+        strategy=strategy,
+        devices=2,
+        accelerator="cpu",
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+    )
+    trainer.fit(model, loader(batch_size=16))
+    # The launching process holds rank zero's weights, equal to the one-device run.
+    torch.testing.assert_close(flat_weights(model), _single_device_weights(), rtol=1e-5, atol=1e-6)
+    assert trainer.global_step == 16
+    assert float(trainer.callback_metrics["train_loss_epoch"]) < 1.0
+
+
+def test_a_failing_rank_stops_the_popen_job(tmp_path: Path) -> None:
+    result = run_python([SCRIPT, str(tmp_path), "ddp", "2", "1", "1"], check=False, timeout=120)
+    assert result.returncode != 0
+    assert "rank 1 fails on purpose" in result.stderr
+    assert "local rank 1" in result.stderr
+
+
+class CountingCollective(TorchCollective):
+    """A TorchCollective that counts the calls it serves."""
+
+    def __init__(self) -> None:
+        super().__init__("gloo")
+        self.calls: dict[str, int] = {}
+
+    def _count(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    def all_reduce(
+        self, tensor: torch.Tensor, op: ReduceOpLike = "sum", *, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        self._count("all_reduce")
+        return super().all_reduce(tensor, op, out=out)
+
+    def all_gather(self, tensor: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+        self._count("all_gather")
+        return super().all_gather(tensor, out=out)
+
+
+class CountingDDP(DDPStrategy):
+    """A subclass that changes communication through the one hook for it."""
+
+    def default_collective(self) -> CountingCollective:
+        return CountingCollective()
+
+
+def _fit_with(rank: int, world_size: int, how: str) -> dict[str, Any]:
+    if how == "subclass":
+        strategy: DDPStrategy = CountingDDP()
+    elif how == "injected":
+        strategy = DDPStrategy(collective=CountingCollective())
+    else:
+        strategy = DDPStrategy(collective=CountingCollective(), gradient_sync="collective")
+    model = LinearModel()
+    trainer = accord.Trainer(
+        strategy=strategy,
+        devices=2,
+        accelerator="cpu",
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+    )
+    trainer.fit(model, loader(batch_size=16))
+    collective = strategy.collective
+    assert isinstance(collective, CountingCollective)
+    return {"calls": collective.calls, "weights": flat_weights(model), "steps": trainer.global_step}
+
+
+@pytest.mark.parametrize("how", ["subclass", "injected", "gradients"])
+def test_custom_collective_drives_the_fit(how: str) -> None:
+    results = run_distributed(_fit_with, 2, how, timeout=120)
+    steps = results[0]["steps"]
+    for result in results:
+        # One all_gather per step syncs the logged step metric; one more per epoch end.
+        assert result["calls"].get("all_gather", 0) == steps + 2
+        torch.testing.assert_close(result["weights"], results[0]["weights"], rtol=0, atol=0)
+    if how == "gradients":
+        # Every gradient bucket went through the collective (one bucket per step here).
+        assert results[0]["calls"]["all_reduce"] >= steps
+    torch.testing.assert_close(
+        results[0]["weights"], _single_device_weights(), rtol=1e-5, atol=1e-6
+    )
+
+
+class PlateauOnRankOne(LinearModel):
+    """Rank 1's validation metric stops improving after epoch 1; rank 0's keeps improving."""
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        epoch = self.current_epoch
+        value = 1.0 / (epoch + 1) if self.global_rank == 0 or epoch < 1 else 0.5
+        self.log("score", torch.tensor(value))  # not synced: each rank judges its own
+
+
+def _early_stop(rank: int, world_size: int) -> int:
+    model = PlateauOnRankOne()
+    trainer = accord.Trainer(
+        strategy="ddp",
+        devices=2,
+        accelerator="cpu",
+        max_epochs=20,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        limit_train_batches=2,
+        callbacks=[accord.callbacks.EarlyStopping("score", patience=2)],
+    )
+    trainer.fit(model, loader(batch_size=16), loader(batch_size=16))
+    return trainer.current_epoch
+
+
+def test_early_stopping_on_one_rank_stops_every_rank_together() -> None:
+    epochs = run_distributed(_early_stop, 2, timeout=120)
+    # Rank 1 logs 1.0, 0.5, 0.5, 0.5, ...: no improvement at epochs 2 and 3, so with
+    # patience=2 it asks to stop after epoch 3; rank 0 keeps improving but stops with it.
+    assert epochs == [4, 4]
+
+
+def _strategy_helpers(rank: int, world_size: int) -> dict[str, Any]:
+    strategy = DDPStrategy(process_group_backend="gloo")
+    accord.Trainer(strategy=strategy, devices=world_size, accelerator="cpu", logger=False)
+    strategy.setup_environment()
+    try:
+        return {
+            "gather": strategy.all_gather(torch.arange(rank + 1)).tolist(),
+            "mean": float(strategy.reduce(torch.tensor(float(rank)))),
+            "object": strategy.broadcast({"from": rank}, src=1),
+            "any": strategy.reduce_boolean_decision(rank == 2, all=False),
+            "all": strategy.reduce_boolean_decision(rank == 2, all=True),
+            "every": strategy.reduce_boolean_decision(True, all=True),
+        }
+    finally:
+        strategy.teardown()
+
+
+def test_strategy_helpers_across_three_ranks() -> None:
+    for result in run_distributed(_strategy_helpers, 3, timeout=60):
+        assert result["gather"] == [0, 0, 1, 0, 1, 2]
+        assert result["mean"] == 1.0
+        assert result["object"] == {"from": 1}
+        assert (result["any"], result["all"], result["every"]) == (True, False, True)
