@@ -32,5 +32,8 @@ unit: $(VENV)/.installed
 
 test: lint typecheck unit
 
+demo: $(VENV)/.installed
+	$(BIN)/python examples/demo.py
+
 clean:
 	rm -rf $(VENV) .coverage .coverage.* .mypy_cache .ruff_cache .pytest_cache

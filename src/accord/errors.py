@@ -6,13 +6,16 @@ Every message says what happened and what to do about it.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 __all__ = [
     "AccordError",
     "CheckpointError",
     "CollectiveError",
+    "CollectiveMismatchError",
     "CollectiveNotSetupError",
+    "CollectiveTimeoutError",
     "ConfigurationError",
     "MisconfigurationError",
     "MissingDependencyError",
@@ -53,6 +56,39 @@ class CollectiveNotSetupError(CollectiveError):
     """A collective was used before `setup()` or after `teardown()`."""
 
 
+class CollectiveMismatchError(CollectiveError):
+    """Ranks called different collectives (op, shape, dtype or arguments) at the same step.
+
+    Raised on every rank, before any data moves. ``calls`` holds one description per rank
+    (``op``, ``shape``, ``dtype``, ``site`` as ``file:line``, ...), in rank order.
+    """
+
+    def __init__(self, message: str, calls: Sequence[Mapping[str, Any]] = ()) -> None:
+        super().__init__(message)
+        self.calls = [dict(call) for call in calls]
+
+
+class CollectiveTimeoutError(CollectiveError):
+    """A collective waited longer than its timeout for the other ranks to arrive.
+
+    ``op`` is the operation, ``rank`` the rank that waited, ``missing_ranks`` the ranks
+    that had not arrived (empty when unknown).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        op: str | None = None,
+        rank: int | None = None,
+        missing_ranks: Sequence[int] = (),
+    ) -> None:
+        super().__init__(message)
+        self.op = op
+        self.rank = rank
+        self.missing_ranks = list(missing_ranks)
+
+
 class CheckpointError(AccordError, RuntimeError):
     """A checkpoint could not be written, read or applied."""
 
@@ -63,5 +99,26 @@ class RankFailureError(AccordError, RuntimeError):
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
     """Return ``" Did you mean 'x'?"`` for the closest of ``choices``, or ``""``."""
-    matches = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    options = list(choices)
+    # The fewest edits wins; among equals, a name of the same length ("dpp" -> "ddp", not
+    # "dp"), then the one difflib finds most similar.
+    scored = sorted(
+        (_edits(name, c), len(c) != len(name), -difflib.SequenceMatcher(None, name, c).ratio(), c)
+        for c in options
+    )
+    close = [c for edits, *_, c in scored if edits <= max(1, len(name) // 3)]
+    matches = close or difflib.get_close_matches(name, options, n=1, cutoff=0.6)
     return f" Did you mean {matches[0]!r}?" if matches else ""
+
+
+def _edits(a: str, b: str) -> int:
+    """Levenshtein distance: insertions, deletions and substitutions turning a into b."""
+    previous = list(range(len(b) + 1))
+    for i, char_a in enumerate(a, start=1):
+        current = [i]
+        for j, char_b in enumerate(b, start=1):
+            current.append(
+                min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (char_a != char_b))
+            )
+        previous = current
+    return previous[-1]

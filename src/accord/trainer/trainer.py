@@ -454,17 +454,19 @@ class Trainer:
         return self.max_epochs is not None and self.current_epoch >= self.max_epochs
 
     def _epoch_batches(self, loader: Iterable[Any]) -> Iterator[tuple[int, Any]]:
-        resume = self._resume_rng
-        if resume is not None and resume[0] is not None:
-            torch.set_rng_state(resume[0])
+        # On resume, the RNG is put back where the interrupted run had it when this epoch's
+        # iterator was made (so a shuffled order repeats), then where it was at the save.
+        resume, self._resume_rng = self._resume_rng, None
+        if resume is not None:
+            start, at_save = resume
+            torch.set_rng_state(start if start is not None else at_save)
         self._rng_epoch_start = torch.get_rng_state()
         iterator = iter(loader)
         skip, self._skip_batches = self._skip_batches, 0
         for _ in range(skip):
             next(iterator, None)
-        if resume is not None:
+        if resume is not None and resume[0] is not None:
             torch.set_rng_state(resume[1])
-            self._resume_rng = None
         for batch_idx, batch in enumerate(iterator, start=skip):
             if batch_idx >= self.num_training_batches:
                 return
