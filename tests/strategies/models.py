@@ -9,6 +9,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import accord
+from accord.collectives import ReduceOpLike, TorchCollective
 
 
 def regression_data(samples: int = 256, features: int = 8, seed: int = 0) -> TensorDataset:
@@ -63,3 +64,24 @@ def loader(batch_size: int, samples: int = 256, shuffle: bool = False) -> DataLo
 def flat_weights(module: nn.Module) -> torch.Tensor:
     """All parameters of ``module`` as one vector."""
     return torch.cat([p.detach().flatten() for p in module.parameters()])
+
+
+class CountingCollective(TorchCollective):
+    """A TorchCollective that counts the calls it serves."""
+
+    def __init__(self) -> None:
+        super().__init__("gloo")
+        self.calls: dict[str, int] = {}
+
+    def _count(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    def all_reduce(
+        self, tensor: torch.Tensor, op: ReduceOpLike = "sum", *, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        self._count("all_reduce")
+        return super().all_reduce(tensor, op, out=out)
+
+    def all_gather(self, tensor: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+        self._count("all_gather")
+        return super().all_gather(tensor, out=out)

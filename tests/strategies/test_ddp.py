@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 import torch
-from models import LinearModel, flat_weights, loader
+from models import CountingCollective, LinearModel, flat_weights, loader
 
 import accord
-from accord.collectives import ReduceOpLike, TorchCollective
 from accord.environments.local import find_free_port
 from accord.strategies import DDPStrategy
 from accord.testing import run_distributed
@@ -133,27 +132,6 @@ def test_a_failing_rank_stops_the_popen_job(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert "rank 1 fails on purpose" in result.stderr
     assert "local rank 1" in result.stderr
-
-
-class CountingCollective(TorchCollective):
-    """A TorchCollective that counts the calls it serves."""
-
-    def __init__(self) -> None:
-        super().__init__("gloo")
-        self.calls: dict[str, int] = {}
-
-    def _count(self, name: str) -> None:
-        self.calls[name] = self.calls.get(name, 0) + 1
-
-    def all_reduce(
-        self, tensor: torch.Tensor, op: ReduceOpLike = "sum", *, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        self._count("all_reduce")
-        return super().all_reduce(tensor, op, out=out)
-
-    def all_gather(self, tensor: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
-        self._count("all_gather")
-        return super().all_gather(tensor, out=out)
 
 
 class CountingDDP(DDPStrategy):
