@@ -85,3 +85,22 @@ class CountingCollective(TorchCollective):
     def all_gather(self, tensor: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
         self._count("all_gather")
         return super().all_gather(tensor, out=out)
+
+
+class FailingModel(LinearModel):
+    """On ``fail_rank``, at batch 2 of the first epoch: raise, or SIGKILL its own process."""
+
+    def __init__(self, fail_rank: int, how: str = "raise") -> None:
+        super().__init__()
+        self.fail_rank = fail_rank
+        self.how = how
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if batch_idx == 2 and self.global_rank == self.fail_rank:
+            if self.how == "kill":
+                import os
+                import signal
+
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError(f"rank {self.fail_rank} fails on purpose")
+        return super().training_step(batch, batch_idx)

@@ -424,7 +424,7 @@ class Collective(ABC):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(
                 f"{op} expects a torch.Tensor, got {type(tensor).__name__}. Wrap the value "
-                f"with torch.tensor(...), or use {op.split('_')[0]}_object for Python objects."
+                f"with torch.tensor(...), or use {op}_object for Python objects."
                 if op in ("broadcast", "all_gather")
                 else f"{op} expects a torch.Tensor, got {type(tensor).__name__}. Wrap the value "
                 "with torch.tensor(...)."

@@ -129,7 +129,8 @@ def _collect(procs: list[Any], conns: list[Connection], timeout: float) -> list[
             else:
                 errors[rank] = payload
     if errors:
-        first = min(errors)
+        # The first rank to report is the cause; later ones mostly saw it disappear.
+        first = next(iter(errors))
         others = sorted(set(errors) - {first})
         also = f" (ranks {others} failed too)" if others else ""
         raise RankFailureError(f"Rank {first} failed{also}:\n{errors[first]}")

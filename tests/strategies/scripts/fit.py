@@ -1,6 +1,6 @@
 """A fit run as a script, for launchers that start processes themselves (popen, torchrun).
 
-Usage: fit.py OUT_DIR STRATEGY DEVICES NUM_NODES [fail_rank]
+Usage: fit.py OUT_DIR STRATEGY DEVICES NUM_NODES [FAIL_RANK [raise|kill]]
 Each rank writes ``OUT_DIR/rank<global rank>.pt`` with its final weights and metrics.
 """
 
@@ -13,27 +13,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models import LinearModel, flat_weights, loader
+from models import FailingModel, LinearModel, flat_weights, loader
 
 import accord
 
 
-class FailingModel(LinearModel):
-    """Raises on one rank in the middle of the first epoch."""
-
-    def __init__(self, fail_rank: int) -> None:
-        super().__init__()
-        self.fail_rank = fail_rank
-
-    def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
-        if batch_idx == 2 and self.global_rank == self.fail_rank:
-            raise RuntimeError(f"rank {self.fail_rank} fails on purpose")
-        return super().training_step(batch, batch_idx)
-
-
 def main() -> None:
     out, strategy, devices, num_nodes = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    model = FailingModel(int(sys.argv[5])) if len(sys.argv) > 5 else LinearModel()
+    if len(sys.argv) > 5:
+        how = sys.argv[6] if len(sys.argv) > 6 else "raise"
+        model: LinearModel = FailingModel(int(sys.argv[5]), how)
+    else:
+        model = LinearModel()
     trainer = accord.Trainer(
         strategy=strategy,
         accelerator="cpu",

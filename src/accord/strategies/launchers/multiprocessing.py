@@ -177,7 +177,8 @@ class MultiprocessingLauncher(Launcher):
                     # One rank failed; the rest get a short grace period, then are stopped.
                     deadline = time.monotonic() + self.failure_grace
         if errors:
-            first = min(errors)
+            # The first rank to report is the cause; later ones mostly saw it disappear.
+            first = next(iter(errors))
             others = sorted(set(errors) - {first})
             also = f" (local ranks {others} failed too)" if others else ""
             stopped = sorted(pending)
