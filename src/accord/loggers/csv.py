@@ -10,7 +10,7 @@ from typing import Any
 
 from typing_extensions import override
 
-from accord.loggers.logger import Logger, next_version
+from accord.loggers.logger import Logger
 
 __all__ = ["CSVLogger"]
 
@@ -35,25 +35,11 @@ class CSVLogger(Logger):
         version: int | None = None,
         flush_every: int = 50,
     ) -> None:
-        self.save_dir = Path(save_dir)
-        self.name = name
-        self._version = version
+        super().__init__(save_dir, name, version)
         self.flush_every = max(1, flush_every)
         self.rows: list[dict[str, Any]] = []
         self._written = 0
         self._columns: list[str] = []
-
-    @property
-    def version(self) -> int:
-        """The run's number (chosen on first use)."""
-        if self._version is None:
-            self._version = next_version(self.save_dir / self.name)
-        return self._version
-
-    @property
-    @override
-    def log_dir(self) -> Path:
-        return self.save_dir / self.name / f"version_{self.version}"
 
     @property
     def metrics_file(self) -> Path:

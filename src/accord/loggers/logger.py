@@ -11,12 +11,32 @@ __all__ = ["Logger", "next_version"]
 
 
 class Logger(ABC):
-    """Base class of the metric loggers."""
+    """Base class of the metric loggers: each run writes to ``<save_dir>/<name>/version_<n>``.
+
+    Args:
+        save_dir: the root directory.
+        name: the experiment's sub-directory.
+        version: the run's number (default: the next free one, chosen on first use).
+    """
+
+    def __init__(
+        self, save_dir: str | Path = ".", name: str = "logs", version: int | None = None
+    ) -> None:
+        self.save_dir = Path(save_dir)
+        self.name = name
+        self._version = version
 
     @property
-    @abstractmethod
+    def version(self) -> int:
+        """The run's number."""
+        if self._version is None:
+            self._version = next_version(self.save_dir / self.name)
+        return self._version
+
+    @property
     def log_dir(self) -> Path:
         """The directory this run writes to."""
+        return self.save_dir / self.name / f"version_{self.version}"
 
     @abstractmethod
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:

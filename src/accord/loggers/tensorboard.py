@@ -9,7 +9,7 @@ from typing import Any
 from typing_extensions import override
 
 from accord.errors import MissingDependencyError
-from accord.loggers.logger import Logger, next_version
+from accord.loggers.logger import Logger
 
 __all__ = ["TensorBoardLogger"]
 
@@ -35,25 +35,11 @@ class TensorBoardLogger(Logger):
             raise MissingDependencyError(
                 "TensorBoardLogger", "tensorboard", "tensorboard"
             ) from None
-        self.save_dir = Path(save_dir)
-        self.name = name
-        self._version = version
+        super().__init__(save_dir, name, version)
         self._writer: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_writer": None}
-
-    @property
-    def version(self) -> int:
-        """The run's number (chosen on first use)."""
-        if self._version is None:
-            self._version = next_version(self.save_dir / self.name)
-        return self._version
-
-    @property
-    @override
-    def log_dir(self) -> Path:
-        return self.save_dir / self.name / f"version_{self.version}"
 
     @property
     def experiment(self) -> Any:
