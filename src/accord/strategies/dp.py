@@ -31,7 +31,7 @@ class DPStrategy(Strategy):
 
     Args:
         parallel_devices: the devices to replicate over (the Trainer fills it in).
-        accelerator, collective, cluster_environment, precision: as `Strategy`.
+        accelerator, collective, cluster_environment, precision, debug: as `Strategy`.
     """
 
     def __init__(
@@ -41,8 +41,10 @@ class DPStrategy(Strategy):
         cluster_environment: ClusterEnvironment | None = None,
         collective: Collective | None = None,
         precision: Precision | None = None,
+        *,
+        debug: bool = False,
     ) -> None:
-        super().__init__(accelerator, collective, cluster_environment, precision)
+        super().__init__(accelerator, collective, cluster_environment, precision, debug=debug)
         self.parallel_devices = parallel_devices or [torch.device("cpu")]
 
     @override

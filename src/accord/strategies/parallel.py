@@ -22,7 +22,7 @@ class ParallelStrategy(Strategy):
     Args:
         parallel_devices: this node's devices, one per process (the Trainer fills it in).
         num_nodes: how many machines take part.
-        accelerator, collective, cluster_environment, precision: as `Strategy`.
+        accelerator, collective, cluster_environment, precision, debug: as `Strategy`.
     """
 
     def __init__(
@@ -33,8 +33,10 @@ class ParallelStrategy(Strategy):
         collective: Collective | None = None,
         precision: Precision | None = None,
         num_nodes: int = 1,
+        *,
+        debug: bool = False,
     ) -> None:
-        super().__init__(accelerator, collective, cluster_environment, precision)
+        super().__init__(accelerator, collective, cluster_environment, precision, debug=debug)
         self.parallel_devices = parallel_devices
         self.num_nodes = num_nodes
 

@@ -22,7 +22,7 @@ class SingleDeviceStrategy(Strategy):
 
     Args:
         device: the device to train on (default: CPU).
-        accelerator, collective, cluster_environment, precision: as `Strategy`.
+        accelerator, collective, cluster_environment, precision, debug: as `Strategy`.
     """
 
     def __init__(
@@ -32,8 +32,10 @@ class SingleDeviceStrategy(Strategy):
         collective: Collective | None = None,
         cluster_environment: ClusterEnvironment | None = None,
         precision: Precision | None = None,
+        *,
+        debug: bool = False,
     ) -> None:
-        super().__init__(accelerator, collective, cluster_environment, precision)
+        super().__init__(accelerator, collective, cluster_environment, precision, debug=debug)
         self._device = torch.device(device)
 
     @override

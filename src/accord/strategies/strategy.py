@@ -21,6 +21,10 @@ from accord.accelerators.accelerator import Accelerator
 from accord.accelerators.cpu import CPUAccelerator
 from accord.checkpoint_io import load_checkpoint_file, save_checkpoint_file
 from accord.collectives.collective import Collective, ReduceOpLike
+from accord.collectives.debug import DebugCollective, maybe_debug
+from accord.collectives.stats import CollectiveStats, InstrumentedCollective
+from accord.collectives.watchdog import maybe_watchdog
+from accord.collectives.wrapper import unwrap
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.precision import Precision
 
@@ -40,6 +44,8 @@ class Strategy(ABC):
         collective: the collective to communicate with; default: `default_collective()`.
         cluster_environment: where ranks and the rendezvous address come from.
         precision: the `Precision` to train in; default ``32-true``.
+        debug: check before every collective call that all ranks make the same call
+            (`DebugCollective`); also on when ``ACCORD_DEBUG_COLLECTIVES=1``.
 
     To change how a strategy communicates, pass ``collective=`` or override
     `default_collective` in a subclass: nothing in a strategy calls a backend's
@@ -52,11 +58,16 @@ class Strategy(ABC):
         collective: Collective | None = None,
         cluster_environment: ClusterEnvironment | None = None,
         precision: Precision | None = None,
+        *,
+        debug: bool = False,
     ) -> None:
         self.accelerator = accelerator
         self.cluster_environment = cluster_environment
         self.precision = precision if precision is not None else Precision()
-        self._collective = collective
+        self.debug = debug
+        self.collective_stats: CollectiveStats | None = None
+        self._given_collective = collective
+        self._collective: Collective | None = None
         self._launcher: Launcher | None = None
 
     # ------------------------------------------------------------- the collective
@@ -69,14 +80,43 @@ class Strategy(ABC):
 
     @property
     def collective(self) -> Collective:
-        """The strategy's collective: the injected one, else `default_collective()`."""
+        """The strategy's collective: the injected one, else `default_collective()`.
+
+        With ``debug`` (or ``ACCORD_DEBUG_COLLECTIVES=1``) it is wrapped in a
+        `DebugCollective`; with ``collective_stats`` set, in an `InstrumentedCollective`
+        that counts calls and time; with ``ACCORD_COLLECTIVE_TIMEOUT`` set, in a
+        `WatchdogCollective`.
+        """
         if self._collective is None:
-            self._collective = self.default_collective()
+            given = self._given_collective
+            self._collective = self._wrap(given if given is not None else self.default_collective())
         return self._collective
 
     @collective.setter
     def collective(self, collective: Collective) -> None:
-        self._collective = collective
+        self._given_collective = collective
+        self._collective = None
+
+    @property
+    def base_collective(self) -> Collective:
+        """The backend collective inside any debug, statistics or watchdog wrappers."""
+        return unwrap(self.collective)
+
+    def enable_collective_stats(self) -> CollectiveStats:
+        """Count calls and time of every collective op on this rank from now on."""
+        if self.collective_stats is None:
+            self.collective_stats = CollectiveStats()
+            if self._collective is not None:
+                self._collective = InstrumentedCollective(self._collective, self.collective_stats)
+        return self.collective_stats
+
+    def _wrap(self, collective: Collective) -> Collective:
+        wrapped = maybe_debug(collective)
+        if self.debug and not _has_layer(wrapped, DebugCollective):
+            wrapped = DebugCollective(wrapped)
+        if self.collective_stats is not None:
+            wrapped = InstrumentedCollective(wrapped, self.collective_stats)
+        return maybe_watchdog(wrapped)
 
     # ------------------------------------------------------------------ identity
     @property
@@ -308,6 +348,15 @@ class Strategy(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(collective={type(self.collective).__name__})"
+
+
+def _has_layer(collective: Collective, kind: type[Collective]) -> bool:
+    layer: Collective | None = collective
+    while layer is not None:
+        if isinstance(layer, kind):
+            return True
+        layer = getattr(layer, "inner", None)
+    return False
 
 
 def move_to_device(batch: Any, device: torch.device) -> Any:

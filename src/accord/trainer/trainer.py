@@ -60,6 +60,9 @@ class Trainer:
         enable_progress_bar: show a progress bar on global rank zero.
         enable_checkpointing: add a default `ModelCheckpoint` unless one is given.
         log_every_n_steps: how often step metrics go to the loggers.
+        profiler: ``"collectives"`` counts the calls and time of every collective op on
+            each rank and prints a table per rank at the end of each run (see
+            ``trainer.collective_stats``).
     """
 
     def __init__(
@@ -87,6 +90,7 @@ class Trainer:
         enable_progress_bar: bool = True,
         enable_checkpointing: bool = True,
         log_every_n_steps: int = 50,
+        profiler: str | None = None,
     ) -> None:
         _check_positive("accumulate_grad_batches", accumulate_grad_batches)
         _check_positive("check_val_every_n_epoch", check_val_every_n_epoch)
@@ -106,7 +110,13 @@ class Trainer:
         ):
             _check_limit(name, value)
 
+        if profiler not in (None, "collectives"):
+            raise ConfigurationError(
+                f"profiler={profiler!r} is not known; use 'collectives' or None."
+            )
         self.strategy = connect(strategy, accelerator, devices, num_nodes, precision)
+        self.profiler = profiler
+        self.collective_stats_by_rank: list[dict[str, dict[str, float]]] = []
         self.max_epochs = 1000 if max_epochs is None and max_steps == -1 else max_epochs
         self.max_steps = max_steps
         self.limits = {
@@ -274,6 +284,7 @@ class Trainer:
             "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks},
             "current_epoch": self.current_epoch,
             "global_step": self.global_step,
+            "collective_stats_by_rank": self.collective_stats_by_rank,
         }
 
     def _apply_rank_zero_payload(self, payload: dict[str, Any] | None) -> None:
@@ -287,6 +298,7 @@ class Trainer:
                 cb.load_state_dict(payload["callbacks"][cb.state_key])
         self.current_epoch = payload["current_epoch"]
         self.global_step = payload["global_step"]
+        self.collective_stats_by_rank = payload["collective_stats_by_rank"]
 
     # ---------------------------------------------------------------------- run
     def _run(
@@ -300,6 +312,8 @@ class Trainer:
         self.stage = stage
         self._module = model
         strategy = self.strategy
+        if self.profiler == "collectives":
+            strategy.enable_collective_stats().reset()
         strategy.setup_environment()
         if self.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -316,6 +330,8 @@ class Trainer:
             if ckpt_path is not None:
                 self._restore(ckpt_path, stage)
             result = self._dispatch(stage, train_loader, eval_loader)
+            if self.profiler == "collectives":
+                self._report_collective_stats()
             for logger in self._rank_zero_loggers():
                 logger.finalize("success")
             return result
@@ -343,6 +359,23 @@ class Trainer:
         if stage == "predict":
             return self._predict(loader)
         return [self._evaluate(stage, loader)]
+
+    def _report_collective_stats(self) -> None:
+        stats = self.strategy.collective_stats
+        assert stats is not None
+        # Gathered on the unwrapped collective, so the report does not count itself.
+        self.collective_stats_by_rank = self.strategy.base_collective.all_gather_object(
+            stats.summary()
+        )
+        if self.is_global_zero:
+            for rank, summary in enumerate(self.collective_stats_by_rank):
+                calls = sum(int(row["calls"]) for row in summary.values())
+                print(f"\nrank {rank}: {calls} collective calls during {self.stage}")
+                for op, row in summary.items():
+                    print(
+                        f"  {op:<18} {int(row['calls']):>7} calls  {row['seconds']:9.4f} s  "
+                        f"{row['mean_ms']:8.3f} ms/call"
+                    )
 
     def _rank_zero_loggers(self) -> list[Logger]:
         return self.loggers if self.is_global_zero else []

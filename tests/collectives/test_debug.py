@@ -1,0 +1,305 @@
+"""DebugCollective: conforms, and turns mismatched calls into an error on every rank."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from accord.collectives import Collective, SingleDeviceCollective, TorchCollective
+from accord.collectives.debug import DEBUG_ENV_VAR, DebugCollective, maybe_debug
+from accord.collectives.stats import InstrumentedCollective
+from accord.collectives.wrapper import unwrap
+from accord.errors import CollectiveMismatchError, CollectiveNotSetupError, ConfigurationError
+from accord.testing import assert_conformance, run_distributed
+
+# Backend timeout for the mismatch runs: if detection failed, gloo errors out instead of hanging.
+_GLOO_TIMEOUT = 20.0
+_RUN_TIMEOUT = 120.0
+
+
+def debug_gloo() -> Collective:
+    """The conformance factory (module level, so it pickles into the rank processes)."""
+    return DebugCollective(TorchCollective("gloo"))
+
+
+def test_debug_collective_conforms_at_1_and_2_ranks() -> None:
+    assert_conformance(debug_gloo, world_sizes=(1, 2), timeout=_RUN_TIMEOUT)
+
+
+# ------------------------------------------------------------------ scenarios
+Scenario = Callable[[Collective, int], None]
+
+
+def _shape(c: Collective, rank: int) -> None:
+    if rank == 0:
+        c.all_reduce(torch.ones(2))
+    else:
+        c.all_reduce(torch.ones(3))
+
+
+def _dtype(c: Collective, rank: int) -> None:
+    if rank == 0:
+        c.all_reduce(torch.ones(2, dtype=torch.float32))
+    else:
+        c.all_reduce(torch.ones(2, dtype=torch.int64))
+
+
+def _op(c: Collective, rank: int) -> None:
+    if rank == 0:
+        c.all_reduce(torch.ones(2))
+    else:
+        c.broadcast(torch.ones(2), src=0)
+
+
+def _reduce_op(c: Collective, rank: int) -> None:
+    c.all_reduce(torch.ones(2), "sum" if rank == 0 else "max")
+
+
+def _src(c: Collective, rank: int) -> None:
+    c.broadcast(torch.ones(2), src=rank)
+
+
+def _objects(c: Collective, rank: int) -> None:
+    if rank == 0:
+        c.broadcast_object({"a": 1}, src=0)
+    else:
+        c.all_gather_object({"a": 1})
+
+
+def _barrier_vs_gather(c: Collective, rank: int) -> None:
+    if rank == 0:
+        c.barrier("sync")
+    else:
+        c.all_gather(torch.ones(4))
+
+
+def _point_to_point(c: Collective, rank: int) -> None:
+    if rank == 0:
+        c.send(torch.ones(2), dst=1)
+    else:
+        c.recv(torch.empty(3), src=0)
+
+
+def _invalid_op_on_one_rank(c: Collective, rank: int) -> None:
+    c.all_reduce(torch.ones(2), "median" if rank == 0 else "sum")
+
+
+def _same_call_from_two_lines(c: Collective, rank: int) -> None:
+    # Correct code: the same broadcast from two branches must not be flagged by default.
+    if rank == 0:
+        result = c.broadcast(torch.full((2,), 7.0), src=0)
+    else:
+        result = c.broadcast(torch.zeros(2), src=0)
+    assert result.tolist() == [7.0, 7.0]
+
+
+_SCENARIOS: dict[str, Scenario] = {
+    "shape": _shape,
+    "dtype": _dtype,
+    "op": _op,
+    "reduce_op": _reduce_op,
+    "src": _src,
+    "objects": _objects,
+    "barrier_vs_gather": _barrier_vs_gather,
+    "point_to_point": _point_to_point,
+    "invalid_op_on_one_rank": _invalid_op_on_one_rank,
+    "same_call_from_two_lines": _same_call_from_two_lines,
+}
+
+
+def _run_scenarios(rank: int, world_size: int) -> dict[str, dict[str, Any]]:
+    """Run every scenario on one group; after each, check the group still works."""
+    collective = DebugCollective(TorchCollective("gloo", timeout=_GLOO_TIMEOUT)).setup()
+    # A second checker on the same group that also compares call sites.
+    strict = DebugCollective(TorchCollective("gloo"), compare_call_sites=True).setup()
+    results: dict[str, dict[str, Any]] = {}
+    runs: list[tuple[str, Collective, Scenario]] = [
+        (name, collective, fn) for name, fn in _SCENARIOS.items()
+    ]
+    runs.append(("strict_call_sites", strict, _same_call_from_two_lines))
+    try:
+        for name, c, scenario in runs:
+            outcome: dict[str, Any] = {"type": None, "message": "", "calls": [], "cause": None}
+            site = ""
+            try:
+                scenario(c, rank)
+            except CollectiveMismatchError as err:
+                outcome.update(
+                    type=type(err).__name__,
+                    message=str(err),
+                    calls=err.calls,
+                    cause=type(err.__cause__).__name__ if err.__cause__ else None,
+                )
+                # Ground truth for the call site: the scenario's line that raised.
+                tb = err.__traceback__
+                if tb is not None and tb.tb_next is not None:
+                    site = f"{__file__}:{tb.tb_next.tb_lineno}"
+            outcome["site"] = site
+            outcome["after"] = c.all_reduce(torch.ones(1)).item()
+            results[name] = outcome
+    finally:
+        strict.teardown()
+        collective.teardown()
+    return results
+
+
+@pytest.fixture(scope="module")
+def scenarios() -> list[dict[str, dict[str, Any]]]:
+    """Every scenario's outcome, per rank (one 2-rank run for the whole module)."""
+    return run_distributed(_run_scenarios, 2, timeout=_RUN_TIMEOUT)
+
+
+def _mismatch_on_both(results: list[dict[str, dict[str, Any]]], name: str) -> list[str]:
+    messages = []
+    for rank, per_rank in enumerate(results):
+        outcome = per_rank[name]
+        assert outcome["type"] == "CollectiveMismatchError", (name, rank, outcome)
+        assert outcome["after"] == 2.0, f"{name}: the group is unusable after the error"
+        messages.append(outcome["message"])
+    # Both ranks name both call sites.
+    sites = [per_rank[name]["site"] for per_rank in results]
+    assert all(sites), sites
+    for message in messages:
+        for site in sites:
+            assert site in message, (site, message)
+    return messages
+
+
+def test_shape_mismatch_raises_on_both_ranks_naming_shapes_and_sites(
+    scenarios: list[dict[str, dict[str, Any]]],
+) -> None:
+    for message in _mismatch_on_both(scenarios, "shape"):
+        assert "differ in shape" in message
+        assert "all_reduce(shape=(2,)" in message
+        assert "all_reduce(shape=(3,)" in message
+        assert "rank 0:" in message
+        assert "rank 1:" in message
+    calls = scenarios[0]["shape"]["calls"]
+    assert [c["shape"] for c in calls] == [[2], [3]]
+    assert [c["op"] for c in calls] == ["all_reduce", "all_reduce"]
+
+
+def test_dtype_mismatch(scenarios: list[dict[str, dict[str, Any]]]) -> None:
+    for message in _mismatch_on_both(scenarios, "dtype"):
+        assert "differ in dtype" in message
+        assert "torch.float32" in message
+        assert "torch.int64" in message
+
+
+def test_op_mismatch(scenarios: list[dict[str, dict[str, Any]]]) -> None:
+    for message in _mismatch_on_both(scenarios, "op"):
+        assert "differ in op" in message
+        assert "rank 0: all_reduce(" in message
+        assert "rank 1: broadcast(" in message
+
+
+def test_reduce_op_and_src_mismatches(scenarios: list[dict[str, dict[str, Any]]]) -> None:
+    for message in _mismatch_on_both(scenarios, "reduce_op"):
+        assert "op=sum" in message
+        assert "op=max" in message
+    for message in _mismatch_on_both(scenarios, "src"):
+        assert "src=0" in message
+        assert "src=1" in message
+
+
+def test_object_and_barrier_mismatches(scenarios: list[dict[str, dict[str, Any]]]) -> None:
+    for message in _mismatch_on_both(scenarios, "objects"):
+        assert "rank 0: broadcast_object(src=0)" in message
+        assert "rank 1: all_gather_object()" in message
+    for message in _mismatch_on_both(scenarios, "barrier_vs_gather"):
+        assert "rank 0: barrier(name='sync')" in message
+        assert "rank 1: all_gather(shape=(4,)" in message
+
+
+def test_send_recv_mismatch_is_caught_by_the_pair(
+    scenarios: list[dict[str, dict[str, Any]]],
+) -> None:
+    for message in _mismatch_on_both(scenarios, "point_to_point"):
+        assert "rank 0: send(shape=(2,)" in message
+        assert "rank 1: recv(shape=(3,)" in message
+
+
+def test_invalid_op_on_one_rank_fails_everywhere(
+    scenarios: list[dict[str, dict[str, Any]]],
+) -> None:
+    messages = _mismatch_on_both(scenarios, "invalid_op_on_one_rank")
+    assert "op='median'" in messages[1]
+    assert "invalid there: ValueError" in messages[1]
+    assert scenarios[0]["invalid_op_on_one_rank"]["cause"] == "ValueError"
+    assert scenarios[1]["invalid_op_on_one_rank"]["cause"] is None
+
+
+def test_same_call_from_two_lines_passes_unless_strict(
+    scenarios: list[dict[str, dict[str, Any]]],
+) -> None:
+    for per_rank in scenarios:
+        assert per_rank["same_call_from_two_lines"]["type"] is None
+    for message in _mismatch_on_both(scenarios, "strict_call_sites"):
+        assert "differ in call site" in message
+
+
+# ------------------------------------------------------------- in one process
+def test_maybe_debug_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    plain = SingleDeviceCollective()
+    monkeypatch.delenv(DEBUG_ENV_VAR, raising=False)
+    assert maybe_debug(plain) is plain
+    monkeypatch.setenv(DEBUG_ENV_VAR, "0")
+    assert maybe_debug(plain) is plain
+    monkeypatch.setenv(DEBUG_ENV_VAR, "1")
+    wrapped = maybe_debug(plain)
+    assert isinstance(wrapped, DebugCollective)
+    assert wrapped.inner is plain
+    assert not wrapped.compare_call_sites
+    assert maybe_debug(wrapped) is wrapped
+    stacked = InstrumentedCollective(wrapped)
+    assert maybe_debug(stacked) is stacked  # already checked further in
+    monkeypatch.setenv(DEBUG_ENV_VAR, "strict")
+    strict = maybe_debug(plain)
+    assert isinstance(strict, DebugCollective)
+    assert strict.compare_call_sites
+    monkeypatch.setenv(DEBUG_ENV_VAR, "loud")
+    with pytest.raises(ConfigurationError, match=DEBUG_ENV_VAR):
+        maybe_debug(plain)
+
+
+def test_wrapper_forwards_identity_and_pickles() -> None:
+    inner = SingleDeviceCollective()
+    c = DebugCollective(inner)
+    assert not c.is_setup
+    with pytest.raises(CollectiveNotSetupError):
+        c.all_reduce(torch.ones(1))
+    assert pickle.loads(pickle.dumps(c)).inner.backend_name == inner.backend_name
+    c.setup()
+    assert (c.rank, c.world_size, c.is_setup) == (0, 1, True)
+    assert c.backend_name == inner.backend_name
+    assert c.object_device == torch.device("cpu")
+    assert unwrap(InstrumentedCollective(c)) is inner
+    assert c.all_reduce(torch.ones(2), "mean").tolist() == [1.0, 1.0]
+    with pytest.raises(ValueError, match="Unsupported reduce op"):
+        c.all_reduce(torch.ones(1), "median")
+    assert c.calls_checked == 2
+    c.teardown()
+    assert not c.is_setup and not inner.is_setup
+
+
+class _PretendTwoRanks(SingleDeviceCollective):
+    """A world of 'two' whose reduce is the identity: enough to drive the check in-process."""
+
+    @property
+    def world_size(self) -> int:
+        return 2
+
+    def _all_reduce_(self, buffer: torch.Tensor, op: Any) -> None:
+        pass
+
+
+def test_a_copy_does_not_share_the_check_buffer() -> None:
+    c = DebugCollective(_PretendTwoRanks()).setup()
+    assert c.all_reduce(torch.ones(2)).tolist() == [1.0, 1.0]  # the check ran and agreed
+    copied = pickle.loads(pickle.dumps(c))
+    assert copied.__dict__["_slots"] is None
+    assert copied.all_reduce(torch.ones(2)).tolist() == [1.0, 1.0]
