@@ -45,8 +45,8 @@ class DDPStrategy(ParallelStrategy):
             every gradient bucket through ``self.collective.all_reduce`` (a DDP comm hook),
             so a custom collective also carries the gradients.
         find_unused_parameters, **ddp_kwargs: passed to `DistributedDataParallel`.
-        accelerator, parallel_devices, cluster_environment, collective, precision,
-            num_nodes: as `ParallelStrategy`.
+        accelerator, parallel_devices, cluster_environment, collective, precision, num_nodes,
+            debug: as `ParallelStrategy`.
     """
 
     def __init__(
@@ -62,10 +62,17 @@ class DDPStrategy(ParallelStrategy):
         timeout: float | timedelta = 1800.0,
         gradient_sync: GradientSync = "native",
         find_unused_parameters: bool = False,
+        debug: bool = False,
         **ddp_kwargs: Any,
     ) -> None:
         super().__init__(
-            accelerator, parallel_devices, cluster_environment, collective, precision, num_nodes
+            accelerator,
+            parallel_devices,
+            cluster_environment,
+            collective,
+            precision,
+            num_nodes,
+            debug=debug,
         )
         if start_method not in ("popen", "spawn", "fork", "forkserver"):
             raise ConfigurationError(
@@ -112,7 +119,7 @@ class DDPStrategy(ParallelStrategy):
         wrapped = DistributedDataParallel(
             StepModule(module),
             device_ids=device_ids,
-            process_group=getattr(self.collective, "group", None),
+            process_group=getattr(self.base_collective, "group", None),
             **self.ddp_kwargs,
         )
         if self.gradient_sync == "collective":
