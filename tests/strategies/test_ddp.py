@@ -41,6 +41,7 @@ def _check_ranks(out: Path, world_size: int) -> None:
         assert result["global_step"] == 2 * 256 // (16 * world_size)
         torch.testing.assert_close(result["weights"], results[0]["weights"], rtol=0, atol=0)
         assert result["losses"][-1] < result["losses"][0] / 4
+        assert result["test_loss"] == results[0]["test_loss"]
     if world_size == 2:
         torch.testing.assert_close(
             results[0]["weights"], _single_device_weights(), rtol=1e-5, atol=1e-6

@@ -183,7 +183,7 @@ class Collective(ABC):
             if out is not None and out.is_contiguous()
             else torch.empty_like(tensor, memory_format=torch.contiguous_format)
         )
-        if self.rank == src and buffer.data_ptr() != tensor.data_ptr():
+        if self.rank == src and not _same_memory(buffer, tensor):
             buffer.copy_(tensor)
         if buffer.numel():
             self._broadcast_(buffer, src)
@@ -324,7 +324,7 @@ class Collective(ABC):
         output = out if out is not None and out.is_contiguous() else tensor.new_empty(tensor.shape)
         if tensor.numel():
             source = tensor.contiguous()
-            if output.data_ptr() == source.data_ptr():
+            if _same_memory(output, source):
                 source = source.clone()
             self._all_to_all_into(output, source)
         if out is not None and output is not out:
@@ -460,7 +460,7 @@ class Collective(ABC):
         if out is not None:
             self._check_out(out, shape, result_dtype, tensor.device)
             if out.is_contiguous() and out.dtype == work_dtype:
-                if out.data_ptr() != tensor.data_ptr() or out.stride() != tensor.stride():
+                if not _same_memory(out, tensor) or out.stride() != tensor.stride():
                     out.copy_(tensor)
                 return out, out
         work = torch.empty(shape, dtype=work_dtype, device=tensor.device)
@@ -498,6 +498,18 @@ def _reduce_dtypes(dtype: torch.dtype, op: ReduceOp) -> tuple[torch.dtype, torch
     if op is ReduceOp.MEAN and not (dtype.is_floating_point or dtype.is_complex):
         return torch.get_default_dtype(), dtype
     return dtype, dtype
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` start at the same memory.
+
+    Tensors without host-visible storage (XLA's) all report ``data_ptr() == 0``; for them
+    only the same tensor object counts as the same memory.
+    """
+    if a is b:
+        return True
+    address = a.data_ptr()
+    return address != 0 and address == b.data_ptr()
 
 
 def _pickle(obj: Any) -> tuple[bytes, TypeError | None]:

@@ -165,24 +165,31 @@ class TorchCollective(Collective):
             raise ConfigurationError(
                 f"rank={rank} is outside [0, world_size={world_size}). Check RANK/WORLD_SIZE."
             )
-        init_method = self._init_method
-        if init_method is None:
-            address = main_address or os.environ.get("MASTER_ADDR", "127.0.0.1")
-            port = main_port if main_port is not None else os.environ.get("MASTER_PORT")
-            if port is None:
-                if world_size > 1:
-                    raise ConfigurationError(
-                        "TorchCollective.setup() needs a port for a multi-rank group: set "
-                        "MASTER_PORT or pass main_port= (every rank must use the same one)."
-                    )
-                from accord.environments.local import find_free_port
-
-                port = find_free_port()
-            init_method = f"tcp://{address}:{port}"
         backend = self._backend or default_torch_backend()
+        if self._init_method is not None:
+            dist.init_process_group(
+                backend,
+                init_method=self._init_method,
+                rank=rank,
+                world_size=world_size,
+                timeout=self.timeout,
+            )
+            return
+        address = main_address or os.environ.get("MASTER_ADDR", "127.0.0.1")
+        port = main_port if main_port is not None else os.environ.get("MASTER_PORT")
+        if port is None:
+            if world_size > 1:
+                raise ConfigurationError(
+                    "TorchCollective.setup() needs a port for a multi-rank group: set "
+                    "MASTER_PORT or pass main_port= (every rank must use the same one)."
+                )
+            from accord.environments.local import find_free_port
+
+            port = find_free_port()
+        store, generation = _rendezvous_store(address, int(port), rank == 0, self.timeout)
         dist.init_process_group(
             backend,
-            init_method=init_method,
+            store=dist.PrefixStore(f"accord/{generation}/", store),  # type: ignore[attr-defined]
             rank=rank,
             world_size=world_size,
             timeout=self.timeout,
@@ -307,6 +314,29 @@ class TorchCollective(Collective):
         import torch.distributed as dist
 
         dist.all_to_all_single(_bytes_view(output), _bytes_view(tensor), group=self._group)
+
+
+_STORES: dict[tuple[str, int], tuple[Any, int]] = {}
+
+
+def _rendezvous_store(address: str, port: int, host: bool, timeout: timedelta) -> tuple[Any, int]:
+    """The process's store for ``address:port`` and the number of this group on it.
+
+    Rank 0 serves the store for the life of the process, and every group made on it gets
+    a fresh key prefix. So fit, then test, in one script never re-binds the port while
+    the previous group's sockets are closing; every rank makes its groups in the same
+    order, so the numbers agree.
+    """
+    import torch.distributed as dist
+
+    key = (address, port)
+    store, generation = _STORES.get(key, (None, -1))
+    if store is None:
+        store = dist.TCPStore(  # type: ignore[attr-defined]
+            address, port, is_master=host, timeout=timeout, wait_for_workers=False
+        )
+    _STORES[key] = (store, generation + 1)
+    return store, generation + 1
 
 
 def _torch_op(op: ReduceOp) -> Any:

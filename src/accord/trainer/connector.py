@@ -84,6 +84,10 @@ def connect(
         raise ConfigurationError(
             f"strategy={strategy!r} must be a registered name (e.g. 'ddp') or a Strategy instance."
         )
+    if accelerator == "auto" and built.accelerator is not None and built.accelerator is not accel:
+        # A named strategy that brings its own accelerator (the XLA ones) picks the devices.
+        accel = built.accelerator
+        device_ids = accel.parse_devices(devices)
 
     parallel_devices = accel.get_parallel_devices(device_ids)
     if built.accelerator is None:

@@ -106,13 +106,20 @@ class MetricStore:
         items = sorted(self._step.items())
         self._step = {}
         synced = [(k, o, v) for k, (o, v) in items if o.sync_dist and strategy.world_size > 1]
-        values = {k: float(v) for k, (_, v) in items}
+        combined: dict[str, float] = {}
         if synced:
             stacked = torch.stack([v for _, _, v in synced]).to(strategy.root_device)
             gathered = strategy.all_gather(stacked.unsqueeze(0), even=True).cpu()
             self.collective_calls += 1
+            # One reduction per reduce_fx over all the columns, not a few small ops per metric.
+            columns = gathered.double()
+            by_fx = {
+                fx: _combine_columns(columns, fx).tolist()
+                for fx in {o.reduce_fx for _, o, _ in synced}
+            }
             for column, (key, options, _) in enumerate(synced):
-                values[key] = _combine(gathered[:, column], options.reduce_fx)
+                combined[key] = by_fx[options.reduce_fx][column]
+        values = {k: combined[k] if k in combined else float(v) for k, (_, v) in items}
         opts = {k: o for k, (o, _) in items}
         self._publish(values, opts)
         return {k: v for k, v in values.items() if opts[k].logger}
@@ -181,6 +188,17 @@ def _combine(values: torch.Tensor, fx: str) -> float:
     if fx == "max":
         return float(values.max())
     return float(values.min())
+
+
+def _combine_columns(values: torch.Tensor, fx: str) -> torch.Tensor:
+    """`_combine` of each column of ``values`` (ranks x metrics) at once."""
+    if fx == "mean":
+        return values.mean(0)
+    if fx == "sum":
+        return values.sum(0)
+    if fx == "max":
+        return values.max(0).values
+    return values.min(0).values
 
 
 def _finish_epoch(totals: torch.Tensor, weights: torch.Tensor, fx: str) -> float:

@@ -36,13 +36,17 @@ def main() -> None:
         enable_progress_bar=False,
     )
     trainer.fit(model, loader(batch_size=16))
+    train_loss = float(trainer.callback_metrics["train_loss_epoch"])
+    # A second run in the same processes: the group is made again on the same port.
+    (tested,) = trainer.test(model, loader(batch_size=16))
     torch.save(
         {
             "weights": flat_weights(model),
             "world_size": trainer.world_size,
             "global_step": trainer.global_step,
             "losses": model.losses,
-            "train_loss": float(trainer.callback_metrics["train_loss_epoch"]),
+            "train_loss": train_loss,
+            "test_loss": tested["test_loss"],
         },
         Path(out) / f"rank{trainer.global_rank}.pt",
     )

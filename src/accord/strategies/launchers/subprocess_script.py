@@ -104,7 +104,6 @@ class SubprocessScriptLauncher(Launcher):
             "WORLD_SIZE": str(self.num_processes * self.num_nodes),
             "LOCAL_WORLD_SIZE": str(self.num_processes),
             "OMP_NUM_THREADS": str(threads),
-            _PARENT_ENV: str(os.getpid()),
         }
         # This process is local rank 0; later fits in the same script must not launch again,
         # because the children run the whole script, those fits included.
@@ -113,7 +112,12 @@ class SubprocessScriptLauncher(Launcher):
 
         torch.set_num_threads(threads)
         for local_rank in range(1, self.num_processes):
-            child_env = {**os.environ, **shared, "LOCAL_RANK": str(local_rank)}
+            child_env = {
+                **os.environ,
+                **shared,
+                "LOCAL_RANK": str(local_rank),
+                _PARENT_ENV: str(os.getpid()),
+            }
             self.children.append(subprocess.Popen(command, env=child_env))
         atexit.register(self._reap)
         watcher = threading.Thread(target=self._watch_children, name="accord-watcher", daemon=True)
