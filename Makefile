@@ -5,10 +5,15 @@ BIN := $(VENV)/bin
 # The one place the torch build is pinned: the CPU wheel this project is tested with.
 TORCH_PIN := torch==2.13.0
 EXTRAS := dev
-# DeepSpeed compiles a shared-memory extension on first use; keep it between runs.
-export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/accord/torch_extensions
+# DeepSpeed compiles a shared-memory extension on first use. The build records the venv's
+# paths, so each venv keeps its own (and `make clean` removes it with the venv).
+export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
-.PHONY: test lint typecheck unit demo clean
+.PHONY: test lint typecheck docs unit demo bench clean
+
+# Benchmarks get a venv of their own: the peers (Lightning, Accelerate) never enter .venv.
+BENCH_VENV := .venv-bench
+BENCH_BIN := $(BENCH_VENV)/bin
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,16 +29,87 @@ lint: $(VENV)/.installed
 typecheck: $(VENV)/.installed
 	$(BIN)/mypy --strict src
 
-unit: $(VENV)/.installed
+# DeepSpeed's extension is compiled here once, so no test's time limit has to cover it.
+$(VENV)/.deepspeed-built: $(VENV)/.installed
+	$(BIN)/python scripts/warm_deepspeed.py
+	touch $@
+
+unit: $(VENV)/.installed $(VENV)/.deepspeed-built
 	rm -f .coverage .coverage.*
 	$(BIN)/coverage run -m pytest $(PYTEST_ARGS)
 	$(BIN)/coverage combine -q
 	$(BIN)/coverage report
 
-test: lint typecheck unit
+# The documentation site (docs/, mkdocs.yml), built offline; --strict fails on any warning.
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+test: lint typecheck docs unit
 
 demo: $(VENV)/.installed
 	$(BIN)/python examples/demo.py
 
+# The Horovod lane: its own venv, with a Horovod wheel compiled once against TORCH_PIN and
+# cached outside the repository (scripts/build_horovod_wheel.sh, 10-20 minutes on two
+# cores), so later runs only install it. Its tests start real horovodrun jobs over gloo.
+HVD_VENV := .venv-horovod
+HVD_BIN := $(HVD_VENV)/bin
+HOROVOD_VERSION := 0.28.1
+# The wheel links against torch's C++ library: one cache directory per torch pin.
+HOROVOD_WHEELS ?= $(HOME)/.cache/accord/wheels/$(subst ==,,$(TORCH_PIN))
+
+.PHONY: test-horovod clean-horovod
+
+$(HVD_BIN)/python:
+	$(PYTHON) -m venv $(HVD_VENV)
+
+$(HVD_VENV)/.installed: pyproject.toml Makefile scripts/build_horovod_wheel.sh | $(HVD_BIN)/python
+	$(HVD_BIN)/pip install -q --disable-pip-version-check '$(TORCH_PIN)' -e '.[test]'
+	HOROVOD_VERSION=$(HOROVOD_VERSION) scripts/build_horovod_wheel.sh $(HVD_BIN)/python '$(HOROVOD_WHEELS)'
+	$(HVD_BIN)/pip install -q --disable-pip-version-check '$(HOROVOD_WHEELS)'/horovod-$(HOROVOD_VERSION)-*.whl
+	touch $@
+
+test-horovod: $(HVD_VENV)/.installed
+	$(HVD_BIN)/python -m pytest tests/strategies/test_horovod.py $(PYTEST_ARGS)
+
+clean-horovod:
+	rm -rf $(HVD_VENV)
+
+# The XLA lane: torch-xla 2.9.0 needs torch==2.9.0 exactly (not TORCH_PIN; from PyPI that
+# is a CUDA build, about 7 GB with its nvidia-* packages), so it gets a venv of its own,
+# with accord installed without dependencies next to it. Its tests run on torch_xla's CPU
+# runtime: one process, one thread per XLA device.
+XLA_VENV := .venv-xla
+XLA_BIN := $(XLA_VENV)/bin
+XLA_PINS := 'torch==2.9.0' 'torch-xla==2.9.0'
+
+.PHONY: test-xla clean-xla
+
+$(XLA_BIN)/python:
+	$(PYTHON) -m venv $(XLA_VENV)
+
+$(XLA_VENV)/.installed: pyproject.toml Makefile | $(XLA_BIN)/python
+	$(XLA_BIN)/pip install -q --disable-pip-version-check $(XLA_PINS) 'pytest>=8' \
+		'pytest-timeout>=2.2' 'lightning-utilities>=0.10' 'typing-extensions>=4.7' 'tqdm>=4.60'
+	$(XLA_BIN)/pip install -q --disable-pip-version-check --no-deps -e .
+	touch $@
+
+test-xla: $(XLA_VENV)/.installed
+	PJRT_DEVICE=CPU $(XLA_BIN)/python -m pytest tests/strategies/test_xla.py $(PYTEST_ARGS)
+
+clean-xla:
+	rm -rf $(XLA_VENV)
+
+# The constraints file holds torch at TORCH_PIN while pip resolves the peers' requirements.
+$(BENCH_VENV)/.installed: pyproject.toml benchmarks/requirements.txt Makefile
+	$(PYTHON) -m venv $(BENCH_VENV)
+	echo '$(TORCH_PIN)' > $(BENCH_VENV)/constraints.txt
+	$(BENCH_BIN)/pip install -q --disable-pip-version-check -c $(BENCH_VENV)/constraints.txt \
+		'$(TORCH_PIN)' -e . -r benchmarks/requirements.txt
+	touch $@
+
+bench: $(BENCH_VENV)/.installed
+	$(BENCH_BIN)/python benchmarks/run.py
+
 clean:
-	rm -rf $(VENV) .coverage .coverage.* .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(BENCH_VENV) .coverage .coverage.* .mypy_cache .ruff_cache .pytest_cache

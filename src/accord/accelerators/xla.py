@@ -2,42 +2,86 @@
 
 from __future__ import annotations
 
+import functools
+import importlib
+import importlib.util
+import os
+
 import torch
-from lightning_utilities.core.imports import RequirementCache
 from typing_extensions import override
 
 from accord.accelerators.accelerator import Accelerator
-from accord.errors import MissingDependencyError
+from accord.errors import ConfigurationError, MissingDependencyError
 
 __all__ = ["XLAAccelerator"]
 
-_XLA_AVAILABLE = RequirementCache("torch_xla")
+
+@functools.cache
+def _import_error() -> str | None:
+    """Why torch_xla cannot be used here ("" when it is not installed), or None when it can."""
+    if importlib.util.find_spec("torch_xla") is None:
+        return ""
+    try:
+        importlib.import_module("torch_xla")
+    except ImportError as err:  # installed for another torch release, typically
+        return str(err)
+    return None
 
 
 class XLAAccelerator(Accelerator):
-    """XLA devices (TPU, or the CPU runtime with ``PJRT_DEVICE=CPU``)."""
+    """XLA devices (TPU, or the CPU runtime with ``PJRT_DEVICE=CPU``).
+
+    Counting devices never starts the XLA runtime: torch_xla can only launch ranks from a
+    process where it has not started yet. On the CPU runtime the count is
+    ``CPU_NUM_DEVICES`` (default 1), which `XLALauncher` sets for the ranks it starts.
+    """
 
     name = "xla"
 
     @classmethod
     def checked(cls) -> XLAAccelerator:
         """An instance, or `MissingDependencyError` saying how to install torch_xla."""
-        if not _XLA_AVAILABLE:
+        reason = _import_error()
+        if reason == "":
             raise MissingDependencyError("accelerator='xla'", "torch_xla", "xla")
+        if reason is not None:
+            raise MissingDependencyError(
+                f"accelerator='xla' (the installed torch_xla does not import: {reason}; it "
+                "needs the torch release it was built for)",
+                "torch_xla",
+                "xla",
+            )
         return cls()
 
     @staticmethod
     @override
     def is_available() -> bool:
-        return bool(_XLA_AVAILABLE)
+        return _import_error() is None
 
     @staticmethod
     @override
     def auto_device_count() -> int:
+        import torch_xla
         import torch_xla.runtime as xr
 
-        return int(xr.global_runtime_device_count())
+        if torch_xla._XLAC._xla_runtime_is_initialized():
+            return int(xr.global_runtime_device_count())
+        if xr.device_type() == "TPU":
+            from torch_xla._internal import tpu
+
+            return int(tpu.num_available_devices())
+        return int(os.environ.get("CPU_NUM_DEVICES", "1"))
 
     @override
     def get_parallel_devices(self, devices: list[int]) -> list[torch.device]:
         return [torch.device("xla", index) for index in devices]
+
+    @override
+    def _check_count(self, count: int) -> list[int]:
+        runtime = os.environ.get("PJRT_DEVICE", "CPU").split("_")[0].upper()
+        if runtime != "CPU" and count > self.auto_device_count():
+            raise ConfigurationError(
+                f"devices={count} asks for more XLA devices than the {runtime} runtime has "
+                f"({self.auto_device_count()}). Pass devices='auto' or a smaller count."
+            )
+        return list(range(count))

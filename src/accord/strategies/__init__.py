@@ -1,7 +1,9 @@
 """Strategies: how a model trains across devices, each built on one `Collective`."""
 
 from accord.strategies.ddp import DDPStrategy
+from accord.strategies.deepspeed import DeepSpeedStrategy, consolidate_deepspeed_checkpoint
 from accord.strategies.dp import DPStrategy
+from accord.strategies.fsdp import FSDPStrategy
 from accord.strategies.parallel import ParallelStrategy
 from accord.strategies.registry import StrategyEntry, StrategyRegistry
 from accord.strategies.single_device import SingleDeviceStrategy
@@ -11,10 +13,13 @@ from accord.strategies.strategy import Strategy
 __all__ = [
     "DDPStrategy",
     "DPStrategy",
+    "DeepSpeedStrategy",
+    "FSDPStrategy",
     "ParallelStrategy",
     "SingleDeviceStrategy",
     "StepModule",
     "Strategy",
     "StrategyEntry",
     "StrategyRegistry",
+    "consolidate_deepspeed_checkpoint",
 ]

@@ -45,8 +45,8 @@ class DDPStrategy(ParallelStrategy):
             every gradient bucket through ``self.collective.all_reduce`` (a DDP comm hook),
             so a custom collective also carries the gradients.
         find_unused_parameters, **ddp_kwargs: passed to `DistributedDataParallel`.
-        accelerator, parallel_devices, cluster_environment, collective, precision, num_nodes,
-            debug: as `ParallelStrategy`.
+        accelerator, parallel_devices, cluster_environment, collective, precision, num_nodes, debug:
+            as `ParallelStrategy`.
     """
 
     def __init__(

@@ -91,8 +91,12 @@ StrategyRegistry = _Registry()
 
 def _register_builtin() -> None:
     from accord.strategies.ddp import DDPStrategy
+    from accord.strategies.deepspeed import DeepSpeedStrategy
     from accord.strategies.dp import DPStrategy
+    from accord.strategies.fsdp import FSDPStrategy
+    from accord.strategies.horovod import HorovodStrategy
     from accord.strategies.single_device import SingleDeviceStrategy
+    from accord.strategies.xla import SingleDeviceXLAStrategy, XLAStrategy
 
     reg = StrategyRegistry.register
     reg("single_device", SingleDeviceStrategy, "One device in this process.")
@@ -119,6 +123,42 @@ def _register_builtin() -> None:
         find_unused_parameters=True,
     )
     reg("dp", DPStrategy, "torch.nn.DataParallel over the local GPUs, in one process.")
+    # DeepSpeedStrategy imports deepspeed only when a run starts; registering it is cheap.
+    reg("deepspeed", DeepSpeedStrategy, "DeepSpeed engine, ZeRO stage 2.")
+    reg("deepspeed_stage_1", DeepSpeedStrategy, "DeepSpeed ZeRO stage 1.", stage=1)
+    reg("deepspeed_stage_2", DeepSpeedStrategy, "DeepSpeed ZeRO stage 2.", stage=2)
+    reg(
+        "deepspeed_stage_2_offload",
+        DeepSpeedStrategy,
+        "DeepSpeed ZeRO stage 2, optimizer states and step on the CPU.",
+        stage=2,
+        offload_optimizer=True,
+    )
+    reg("deepspeed_stage_3", DeepSpeedStrategy, "DeepSpeed ZeRO stage 3.", stage=3)
+    reg(
+        "deepspeed_stage_3_offload",
+        DeepSpeedStrategy,
+        "DeepSpeed ZeRO stage 3, optimizer states and parameters on the CPU.",
+        stage=3,
+        offload_optimizer=True,
+        offload_parameters=True,
+    )
+    reg("fsdp", FSDPStrategy, "FSDP2 (fully_shard): parameters sharded across ranks.")
+    reg(
+        "fsdp_cpu_offload",
+        FSDPStrategy,
+        "FSDP2 with sharded parameters, gradients and optimizer step kept on the CPU.",
+        cpu_offload=True,
+    )
+    # HorovodStrategy imports horovod only when a run starts; registering it is cheap.
+    reg(
+        "horovod",
+        HorovodStrategy,
+        "Horovod: hvd.DistributedOptimizer averages gradients; start with horovodrun.",
+    )
+    # The XLA strategies import torch_xla only when a run starts; registering them is cheap.
+    reg("xla", XLAStrategy, "XLA devices (TPU, XLA's CPU runtime); ranks from xmp.spawn.")
+    reg("single_xla", SingleDeviceXLAStrategy, "One XLA device in this process.")
 
 
 _register_builtin()

@@ -6,6 +6,7 @@ from accord.testing.conformance import (
     ConformanceReport,
     Violation,
     assert_conformance,
+    run_checks_in_this_process,
     run_conformance,
 )
 from accord.testing.multiprocess import run_distributed
@@ -16,6 +17,7 @@ __all__ = [
     "ConformanceReport",
     "Violation",
     "assert_conformance",
+    "run_checks_in_this_process",
     "run_conformance",
     "run_distributed",
 ]

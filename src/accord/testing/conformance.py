@@ -17,6 +17,7 @@ name (``"all_reduce.mean"``, ``"inputs_unchanged"``, ...), per rank and world si
 
 from __future__ import annotations
 
+import os
 import pickle
 import traceback
 from collections.abc import Callable, Iterable, Sequence
@@ -33,6 +34,7 @@ __all__ = [
     "ConformanceReport",
     "Violation",
     "assert_conformance",
+    "run_checks_in_this_process",
     "run_conformance",
 ]
 
@@ -590,10 +592,7 @@ def run_conformance(
         ValueError: an unknown check name.
         RankFailureError: a rank crashed or hung (a collective that deadlocks).
     """
-    selected = tuple(CHECKS if checks is None else checks)
-    unknown = [name for name in selected if name not in CHECKS]
-    if unknown:
-        raise ValueError(f"Unknown conformance checks {unknown}; choose from {list(CHECKS)}.")
+    selected = _selected(checks)
     sizes = tuple(world_sizes)
     report = ConformanceReport(world_sizes=sizes, checks=selected)
     for size in sizes:
@@ -601,6 +600,51 @@ def run_conformance(
         for rank, failures in enumerate(per_rank):
             report.violations.extend(Violation(n, size, rank, m) for n, m in failures)
     return report
+
+
+def _selected(checks: Iterable[str] | None) -> tuple[str, ...]:
+    selected = tuple(CHECKS if checks is None else checks)
+    unknown = [name for name in selected if name not in CHECKS]
+    if unknown:
+        raise ValueError(f"Unknown conformance checks {unknown}; choose from {list(CHECKS)}.")
+    return selected
+
+
+def run_checks_in_this_process(
+    factory: CollectiveFactory,
+    checks: Iterable[str] | None = None,
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> list[Violation]:
+    """Run the suite in this process, as one rank of a job that a launcher started.
+
+    For backends whose processes an outside launcher starts (``horovodrun``, ``mpirun``,
+    a cluster's job runner), where `run_conformance` cannot start them itself: every
+    process of the job calls this with the same ``checks``, and the suite sets a
+    collective from ``factory`` up, runs each check and tears it down, as in
+    `run_conformance`.
+
+    Args:
+        factory: returns a collective that is not set up (it need not be picklable).
+        checks: a subset of `CHECKS` (default: all of them).
+        rank, world_size: what the launcher assigned this process, which
+            ``setup.identity`` compares the collective's rank and world size with;
+            default: ``RANK`` and ``WORLD_SIZE`` from the environment, else 0 and 1.
+
+    Returns:
+        This rank's violations (empty when it kept the contract). The suite's
+        collective is torn down by then, so report them per rank (print them, or
+        write a file per rank) and combine the ranks' lists outside the job.
+
+    Raises:
+        ValueError: an unknown check name.
+    """
+    selected = _selected(checks)
+    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
+    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+    failures = _suite_worker(rank, world_size, factory, selected)
+    return [Violation(name, world_size, rank, message) for name, message in failures]
 
 
 def assert_conformance(

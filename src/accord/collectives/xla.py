@@ -1,0 +1,313 @@
+"""`XLACollective`: the collective on torch_xla (TPUs, and XLA's CPU runtime).
+
+torch_xla is imported only when the collective is set up or used, so ``import accord``
+never imports it. The group is the XLA runtime's replication, which torch_xla's launcher
+(``xmp.spawn``, see `XLALauncher`) sets up before any rank runs; ``rank`` is
+``torch_xla.runtime.global_ordinal()`` and ``world_size`` is
+``torch_xla.runtime.world_size()``.
+
+Two facts about XLA shape every primitive here:
+
+- XLA is lazy: a collective is a node in a graph that runs when the graph is launched.
+  Each op first launches its input (so pending, possibly rank-specific work never becomes
+  part of the collective's program), builds the collective on device data only, launches
+  that small program and waits for it. So an op's result is ready when it returns.
+- Several ranks may share one process, one thread per device: torch_xla does this on the
+  CPU runtime (``CPU_NUM_DEVICES=N``) and on TPU hosts with several cores per chip. There
+  the ranks' collectives meet only when every rank runs the *same compiled executable*
+  (XLA's in-process rendezvous is keyed by the executable's id). Two rules guarantee it:
+  programs are launched under one process-wide lock (`launch`), so the first rank compiles
+  and the others hit torch_xla's compilation cache; and no program embeds a rank-dependent
+  constant — what differs per rank travels as device data. That is why ``xm.all_gather``
+  runs with ``pin_layout=False`` (the pinned variant pads by ordinal), why broadcast is
+  a masked ``xm.all_reduce`` on the tensor's bits instead of ``xm.collective_broadcast``
+  (which multiplies, so NaN or -0.0 would not survive), and why ``xm.rendezvous`` (built
+  on the pinned all_gather) is used for the barrier only when each process holds one rank.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import threading
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+import torch
+from typing_extensions import Self, override
+
+from accord.collectives.collective import Collective, ReduceOp
+from accord.errors import MissingDependencyError
+
+__all__ = ["XLACollective", "launch", "require_torch_xla"]
+
+_REDUCE_TYPES = {
+    ReduceOp.SUM: "sum",
+    ReduceOp.PRODUCT: "mul",
+    ReduceOp.MAX: "max",
+    ReduceOp.MIN: "min",
+}
+"""accord's reductions as torch_xla names them (``xm.REDUCE_SUM``, ...)."""
+
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+"""An integer dtype of each element size: data movement adds zeros to these, bit-exactly."""
+
+# XLA's runtime is per process, and so are these two: the lock that makes ranks sharing a
+# process launch programs one at a time (see the module docstring), and which collective
+# joined first on each rank, so setup() can report whether it created the rank's
+# membership, as torch.distributed reports a default group.
+_LAUNCH_LOCK = threading.Lock()
+_MEMBERS_LOCK = threading.Lock()
+_MEMBERS: dict[int, int] = {}
+
+
+def require_torch_xla(feature: str) -> None:
+    """Raise `MissingDependencyError` for ``feature`` unless torch_xla is installed."""
+    if importlib.util.find_spec("torch_xla") is None:
+        raise MissingDependencyError(feature, "torch_xla", "xla")
+
+
+def _import(name: str) -> ModuleType:
+    try:
+        return importlib.import_module(name)
+    except ImportError as err:
+        raise MissingDependencyError("XLACollective", "torch_xla", "xla") from err
+
+
+def launch(tensors: Sequence[torch.Tensor] | None = None) -> None:
+    """Run the pending XLA work of ``tensors`` (default: everything on this rank's device).
+
+    The program is launched under the process-wide lock and then awaited outside it, so
+    ranks that share a process compile each program once and run the same executable,
+    and no rank holds the lock while its device waits for the others. Use it instead of
+    ``torch_xla.sync()`` wherever the pending work may hold a collective.
+    """
+    torch_xla = _import("torch_xla")
+    xm = _import("torch_xla.core.xla_model")
+    device = torch_xla.device()
+    # A sync that finds nothing to run waits on device 0 (an empty collection has no
+    # device of its own); while rank 0 waits in a collective for this rank, that never
+    # returns. A pending zero on this rank's device keeps every sync on its own device.
+    anchor = torch.zeros((), device=device)
+    with _LAUNCH_LOCK:
+        if tensors is None:
+            torch_xla.sync()
+        else:
+            torch_xla._XLAC._xla_sync_multi([*tensors, anchor], devices=[], wait=False)
+            # The token chains collectives inside one program; a new program starts afresh.
+            torch_xla._XLAC._set_all_reduce_token(str(device), None)
+    xm.wait_device_ops(xm.xla_real_devices([str(device)]))
+    del anchor
+
+
+class XLACollective(Collective):
+    """Collective on torch_xla: ``xm.all_reduce``, ``xm.all_gather``, ``xm.reduce_scatter``,
+    ``xm.all_to_all`` and ``xm.rendezvous``.
+
+    Tensors may live on the XLA device or on the CPU; a CPU tensor is copied to this
+    rank's XLA device for the op and the result copied back, so results are always on the
+    input's device. ``send``/``recv``, ``gather`` and ``scatter`` are not available (XLA's
+    point-to-point ops need a compiled pipeline of channels, not a single op).
+
+    ``setup()`` joins the XLA runtime's replication (torch_xla's launcher creates it; a
+    process that was not launched is a world of one). The first collective set up on a
+    rank records that it created the rank's membership (`created_group`); later ones join
+    it. ``teardown()`` waits for the rank's pending device work and leaves; it is
+    idempotent.
+
+    Raises:
+        MissingDependencyError: torch_xla is not installed.
+    """
+
+    backend_name = "torch_xla"
+
+    def __init__(self) -> None:
+        require_torch_xla("XLACollective")
+        self._ready = False
+        self._created = False
+        self._rank = -1
+        self._world_size = -1
+        self._device: torch.device | None = None
+        self._shares_process = False
+
+    # ----------------------------------------------------------------- lifecycle
+    @property
+    @override
+    def rank(self) -> int:
+        self._require_setup("rank")
+        return self._rank
+
+    @property
+    @override
+    def world_size(self) -> int:
+        self._require_setup("world_size")
+        return self._world_size
+
+    @property
+    @override
+    def is_setup(self) -> bool:
+        return self._ready
+
+    @property
+    @override
+    def created_group(self) -> bool:
+        return self._created
+
+    @property
+    def device(self) -> torch.device:
+        """This rank's XLA device (valid after `setup`)."""
+        self._require_setup("device")
+        assert self._device is not None
+        return self._device
+
+    @override
+    def setup(self, **kwargs: Any) -> Self:
+        """Join the XLA runtime's replication; a no-op when called again.
+
+        Ranks come from the runtime, so no arguments are accepted.
+        """
+        if self._ready:
+            return self
+        if kwargs:
+            raise TypeError(
+                f"XLACollective.setup() takes no arguments (ranks come from the XLA runtime), "
+                f"got {sorted(kwargs)}."
+            )
+        torch_xla = _import("torch_xla")
+        xr = _import("torch_xla.runtime")
+        self._device = torch.device(torch_xla.device())
+        self._rank = int(xr.global_ordinal())
+        self._world_size = int(xr.world_size())
+        self._shares_process = int(xr.addressable_device_count()) > 1
+        with _MEMBERS_LOCK:
+            self._created = self._rank not in _MEMBERS
+            if self._created:
+                _MEMBERS[self._rank] = id(self)
+        self._ready = True
+        return self
+
+    @override
+    def teardown(self) -> Self:
+        if not self._ready:
+            return self
+        launch()
+        if self._created:
+            with _MEMBERS_LOCK:
+                if _MEMBERS.get(self._rank) == id(self):
+                    del _MEMBERS[self._rank]
+        self._ready = False
+        self._created = False
+        self._rank = self._world_size = -1
+        self._device = None
+        return self
+
+    # ---------------------------------------------------------------- primitives
+    @override
+    def _all_reduce_(self, buffer: torch.Tensor, op: ReduceOp) -> None:
+        if self._world_size == 1:
+            return
+        xm = _import("torch_xla.core.xla_model")
+        self._run(buffer, lambda x: xm.all_reduce(_REDUCE_TYPES[op], x))
+
+    @override
+    def _broadcast_(self, buffer: torch.Tensor, src: int) -> None:
+        if self._world_size == 1:
+            return
+        xm = _import("torch_xla.core.xla_model")
+        # Every rank runs one program: keep the bits where the (device-data) mask says this
+        # is src, zeros elsewhere, and sum. Integers add zeros exactly, NaN and -0.0 too.
+        keep = torch.tensor([self._rank == src]).to(self.device)
+
+        def masked_sum(bits: torch.Tensor) -> torch.Tensor:
+            summed: torch.Tensor = xm.all_reduce("sum", torch.where(keep, bits, bits.new_zeros(())))
+            return summed
+
+        self._run(_bits(buffer), masked_sum)
+
+    @override
+    def _all_gather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
+        if self._world_size == 1:
+            output[0].copy_(tensor)
+            return
+        xm = _import("torch_xla.core.xla_model")
+        self._run(
+            _bits(tensor),
+            lambda x: xm.all_gather(x.unsqueeze(0), dim=0, pin_layout=False),
+            into=_bits(output),
+        )
+
+    @override
+    def _reduce_scatter_into(
+        self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp
+    ) -> None:
+        if self._world_size == 1:
+            output.copy_(tensor)
+            return
+        xm = _import("torch_xla.core.xla_model")
+        ws = self._world_size
+        self._run(
+            tensor,
+            lambda x: xm.reduce_scatter(_REDUCE_TYPES[op], x, 1.0, 0, ws),
+            into=output,
+        )
+
+    @override
+    def _all_to_all_into(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
+        if self._world_size == 1:
+            output.copy_(tensor)
+            return
+        xm = _import("torch_xla.core.xla_model")
+        ws = self._world_size
+        self._run(_bits(tensor), lambda x: xm.all_to_all(x, 0, 0, ws), into=_bits(output))
+
+    @override
+    def barrier(self, name: str | None = None) -> None:
+        self._require_setup("barrier")
+        self._barrier_named(name or "accord.barrier")
+
+    @override
+    def _barrier(self) -> None:
+        self._barrier_named("accord.barrier")
+
+    def _barrier_named(self, tag: str) -> None:
+        if self._shares_process:
+            # xm.rendezvous would compile a different program per rank here (see the
+            # module docstring); an all_reduce that every rank must join is a barrier too.
+            token = torch.ones(1, dtype=torch.int32)
+            self._all_reduce_(token, ReduceOp.SUM)
+            return
+        _import("torch_xla.core.xla_model").rendezvous(tag)
+
+    # ------------------------------------------------------------------ helpers
+    def _run(
+        self,
+        tensor: torch.Tensor,
+        build: Callable[[torch.Tensor], torch.Tensor],
+        *,
+        into: torch.Tensor | None = None,
+    ) -> None:
+        """Run ``build(device_data_of(tensor))`` as one program; write the result ``into``.
+
+        ``into`` defaults to ``tensor`` itself (the in-place primitives).
+        """
+        target = tensor if into is None else into
+        # XLA bakes a 0-d tensor holding 0 or 1 into the program as a constant, which
+        # would give ranks different programs; one element travels as data.
+        flat = tensor.reshape(1) if tensor.dim() == 0 else tensor
+        if flat.device.type == "xla":
+            launch([flat])  # pending work stays out of the collective's program
+            source = flat
+        else:
+            source = flat.to(self.device)
+        result = build(source)
+        launch([result])
+        target.copy_(result if result.shape == target.shape else result.reshape(target.shape))
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` viewed as integers of its element size (bytes where there is none)."""
+    dtype = _BITS.get(tensor.element_size())
+    if dtype is not None:
+        return tensor if tensor.dtype == dtype else tensor.view(dtype)
+    return tensor.reshape(-1).view(torch.uint8)

@@ -1,0 +1,237 @@
+"""Fits with ``strategy="horovod"``, run under horovodrun by ``test_horovod.py``.
+
+Usage: horovodrun --gloo -np N -H localhost:N python horovod_fit.py OUT_DIR SCENARIO
+(or plain ``python horovod_fit.py OUT_DIR fit`` for a Horovod group of one).
+Each rank writes ``OUT_DIR/rank<global rank>.pt`` with what the scenario measured.
+
+Scenarios: ``fit`` (plain, accumulated and clipped fits), ``resume`` (a checkpoint written
+mid-fit and resumed), ``agree`` (EarlyStopping and the strategy's helpers across ranks),
+``uneven`` (ranks with different numbers of batches, which `hvd.join` absorbs), and
+``dtypes`` (the collective on dtypes Horovod's own ops lack, beyond the conformance suite).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from models import LinearModel, flat_weights, loader, regression_data
+
+import accord
+from accord.callbacks import Callback, EarlyStopping
+
+RANK = int(os.environ.get("HOROVOD_RANK", 0))
+
+
+def _trainer(**kwargs: Any) -> accord.Trainer:
+    settings: dict[str, Any] = {
+        "strategy": "horovod",
+        "accelerator": "cpu",
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        **kwargs,
+    }
+    return accord.Trainer(**settings)
+
+
+class Probe(Callback):
+    """Records, while the run is up, what the strategy reports about Horovod."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, Any] = {}
+
+    def on_fit_start(self, trainer: accord.Trainer, module: accord.Module) -> None:
+        import horovod.torch as hvd
+
+        strategy = trainer.strategy
+        self.seen = {
+            "hvd": (hvd.rank(), hvd.size(), hvd.local_rank()),
+            "strategy": (strategy.global_rank, strategy.world_size, strategy.local_rank),
+            "sampler": strategy.distributed_sampler_kwargs,
+            "collective": type(strategy.base_collective).__name__,
+            "optimizer": type(trainer.optimizers[0]).__module__,
+            "passes": getattr(trainer.optimizers[0], "backward_passes_per_step", None),
+        }
+
+
+def _summary(trainer: accord.Trainer, model: LinearModel, probe: Probe) -> dict[str, Any]:
+    return {
+        "weights": flat_weights(model),
+        "global_step": trainer.global_step,
+        "losses": list(model.losses),
+        "train_loss": float(trainer.callback_metrics["train_loss_epoch"]),
+        **probe.seen,
+    }
+
+
+def scenario_fit(out: Path) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for name, kwargs in (
+        ("plain", {}),
+        ("accumulate", {"accumulate_grad_batches": 2}),
+        ("clip", {"gradient_clip_val": 0.5}),
+    ):
+        model, probe = LinearModel(), Probe()
+        trainer = _trainer(max_epochs=2, callbacks=[probe], **kwargs)
+        trainer.fit(model, loader(batch_size=16))
+        results[name] = _summary(trainer, model, probe)
+    return results
+
+
+class MomentumModel(LinearModel):
+    """SGD with momentum, so a checkpoint carries optimizer state."""
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+
+
+class SaveAfterFirstEpoch(Callback):
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def on_train_epoch_end(self, trainer: accord.Trainer, module: accord.Module) -> None:
+        if trainer.current_epoch == 0:
+            trainer.save_checkpoint(self.path)
+
+
+def scenario_resume(out: Path) -> dict[str, Any]:
+    straight = MomentumModel()
+    _trainer(max_epochs=3).fit(straight, loader(batch_size=16))
+    checkpoint = out / "epoch0.ckpt"
+    first = MomentumModel()
+    _trainer(max_epochs=1, callbacks=[SaveAfterFirstEpoch(checkpoint)]).fit(
+        first, loader(batch_size=16)
+    )
+    resumed = MomentumModel()
+    trainer = _trainer(max_epochs=3)
+    trainer.fit(resumed, loader(batch_size=16), ckpt_path=checkpoint)
+    return {
+        "straight": flat_weights(straight),
+        "after_first_epoch": flat_weights(first),
+        "resumed": flat_weights(resumed),
+        "resumed_step": trainer.global_step,
+        "checkpoint_exists": checkpoint.is_file(),
+    }
+
+
+class PlateauOnRankOne(LinearModel):
+    """Rank 1's validation score stops improving after epoch 1; rank 0's keeps improving."""
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        epoch = self.current_epoch
+        value = 1.0 / (epoch + 1) if self.global_rank == 0 or epoch < 1 else 0.5
+        self.log("score", torch.tensor(value))  # not synced: each rank judges its own
+
+
+class Helpers(Callback):
+    """Calls the strategy's communication helpers once the collective is up."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, Any] = {}
+
+    def on_fit_start(self, trainer: accord.Trainer, module: accord.Module) -> None:
+        strategy, rank = trainer.strategy, trainer.global_rank
+        self.seen = {
+            "any": strategy.reduce_boolean_decision(rank == 1, all=False),
+            "all": strategy.reduce_boolean_decision(rank == 1, all=True),
+            "every": strategy.reduce_boolean_decision(True, all=True),
+            "gather": strategy.all_gather(torch.arange(rank + 1)).tolist(),
+            "mean": float(strategy.reduce(torch.tensor(float(rank)))),
+            "object": strategy.broadcast({"from": rank}, src=trainer.world_size - 1),
+        }
+
+
+def scenario_agree(out: Path) -> dict[str, Any]:
+    helpers = Helpers()
+    trainer = _trainer(
+        max_epochs=20,
+        limit_train_batches=2,
+        callbacks=[EarlyStopping("score", patience=2), helpers],
+    )
+    trainer.fit(PlateauOnRankOne(), loader(batch_size=16), loader(batch_size=16))
+    return {"stopped_after_epochs": trainer.current_epoch, **helpers.seen}
+
+
+class EpochLoss(LinearModel):
+    """Logs its loss only as an epoch mean: no collective in the extra batches."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self(x), y)
+        self.log("train_loss", loss, on_step=False, on_epoch=True, sync_dist=True)
+        self.losses.append(float(loss.detach()))
+        return loss
+
+
+def scenario_uneven(out: Path) -> dict[str, Any]:
+    # Rank r trains on 5 - 2r batches of its own (plain lists are not re-sharded).
+    data = regression_data(samples=256)
+    batches = [
+        (data.tensors[0][i : i + 16], data.tensors[1][i : i + 16]) for i in range(0, 256, 16)
+    ]
+    mine = batches[RANK * 5 : RANK * 5 + 5 - 2 * RANK]
+    model = EpochLoss()
+    trainer = _trainer(max_epochs=3)
+    trainer.fit(model, mine)
+    return {
+        "weights": flat_weights(model),
+        "global_step": trainer.global_step,
+        "batches": len(mine),
+        "losses": list(model.losses),
+        "train_loss": float(trainer.callback_metrics["train_loss"]),
+    }
+
+
+def scenario_dtypes(out: Path) -> dict[str, Any]:
+    from accord.collectives.horovod import HorovodCollective
+
+    c = HorovodCollective().setup()
+    r = c.rank
+    u8 = torch.tensor([200, 3], dtype=torch.uint8) + r
+    i8 = torch.tensor([-100, 5], dtype=torch.int8) - 50 * r
+    bf16 = torch.tensor([1.5, -2.0], dtype=torch.bfloat16) * (r + 1)
+    complex64 = torch.tensor([1 + 2j, 3j]) * (r + 1)
+    try:
+        return {
+            "u8 sum": c.all_reduce(u8, "sum"),
+            "u8 max": c.all_reduce(u8, "max"),
+            "i8 sum": c.all_reduce(i8, "sum"),
+            "bf16 sum": c.all_reduce(bf16, "sum"),
+            "bf16 all_gather": c.all_gather(bf16),
+            "bf16 all_to_all": c.all_to_all(bf16),
+            "complex sum": c.all_reduce(complex64, "sum"),
+            "complex broadcast": c.broadcast(complex64, src=1),
+            "int32 reduce_scatter": c.reduce_scatter(torch.arange(4, dtype=torch.int32) + r),
+        }
+    finally:
+        c.teardown()
+
+
+SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
+    "fit": scenario_fit,
+    "resume": scenario_resume,
+    "agree": scenario_agree,
+    "uneven": scenario_uneven,
+    "dtypes": scenario_dtypes,
+}
+
+
+def main() -> None:
+    """Run the scenario named on the command line and save what this rank measured."""
+    out, scenario = Path(sys.argv[1]), sys.argv[2]
+    torch.set_num_threads(1)
+    out.mkdir(parents=True, exist_ok=True)
+    result = SCENARIOS[scenario](out)
+    torch.save(result, out / f"rank{RANK}.pt")
+
+
+if __name__ == "__main__":
+    main()

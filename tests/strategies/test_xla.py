@@ -1,0 +1,296 @@
+"""XLA regression tests on torch_xla's CPU runtime (``PJRT_DEVICE=CPU``): real ranks, real fits.
+
+Multi-rank runs use torch_xla's own launcher (``xmp.spawn`` through `XLALauncher`): one
+process with ``CPU_NUM_DEVICES`` devices and a thread per device, which is how torch_xla
+runs several devices of one host. The test process itself never starts the XLA runtime,
+because torch_xla cannot launch ranks from a process where it runs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+if importlib.util.find_spec("torch_xla") is not None:
+    os.environ.setdefault("PJRT_DEVICE", "CPU")  # before torch_xla picks its runtime
+pytest.importorskip("torch_xla", reason="needs torch_xla: `make test-xla` runs this file")
+
+import torch
+from models import CountingCollective, LinearModel, flat_weights, loader
+
+import accord
+from accord.collectives.xla import XLACollective
+from accord.environments.xla import XLAEnvironment
+from accord.errors import RankFailureError
+from accord.strategies import StrategyRegistry
+from accord.strategies.launchers.xla import XLALauncher
+from accord.strategies.xla import SingleDeviceXLAStrategy, XLAStrategy
+from accord.testing import run_checks_in_this_process
+
+del CountingCollective  # the torch.distributed one; XLA ranks count with their own below
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(autouse=True)
+def _runtime_stays_off_here() -> Any:
+    """Every test leaves the XLA runtime off in this process, so later ones can launch."""
+    import torch_xla
+
+    yield
+    assert not torch_xla._XLAC._xla_runtime_is_initialized()
+
+
+def _record(fn: Callable[..., Any], directory: str, world_size: int, *args: Any) -> None:
+    import torch_xla.runtime as xr
+
+    rank = int(xr.global_ordinal())
+    result = fn(rank, world_size, *args)
+    (Path(directory) / f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
+
+
+def run_xla_ranks(
+    fn: Callable[..., Any], world_size: int, directory: Path, *args: Any
+) -> list[Any]:
+    """``fn(rank, world_size, *args)`` on ``world_size`` XLA ranks; each rank's result."""
+    directory.mkdir(parents=True, exist_ok=True)
+    XLALauncher(XLAEnvironment(), world_size).launch(_record, fn, str(directory), world_size, *args)
+    return [
+        pickle.loads((directory / f"rank{rank}.pkl").read_bytes()) for rank in range(world_size)
+    ]
+
+
+def _trainer(**kwargs: Any) -> accord.Trainer:
+    settings: dict[str, Any] = {
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        **kwargs,
+    }
+    return accord.Trainer(**settings)
+
+
+def _cpu_weights(batch_size: int, epochs: int = 2) -> torch.Tensor:
+    """The same optimisation on one CPU device, in plain PyTorch (no XLA)."""
+    model = LinearModel()
+    _trainer(strategy="single_device", accelerator="cpu", max_epochs=epochs).fit(
+        model, loader(batch_size=batch_size)
+    )
+    return flat_weights(model)
+
+
+# ----------------------------------------------------------------- the collective
+def _conformance(rank: int, world_size: int) -> list[Any]:
+    return run_checks_in_this_process(XLACollective, rank=rank, world_size=world_size)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_xla_collective_passes_the_conformance_suite(world_size: int, tmp_path: Path) -> None:
+    per_rank = run_xla_ranks(_conformance, world_size, tmp_path)
+    assert per_rank == [[]] * world_size, "\n".join(str(v) for vs in per_rank for v in vs)
+
+
+class PlateauOnRankOne(LinearModel):
+    """Rank 1's validation metric stops improving after epoch 1; the others keep improving."""
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        epoch = self.current_epoch
+        value = 1.0 / (epoch + 1) if self.global_rank != 1 or epoch < 1 else 0.5
+        self.log("score", torch.tensor(value))  # not synced: each rank judges its own
+
+
+def _decisions_and_device_tensors(rank: int, world_size: int, model: LinearModel) -> dict[str, Any]:
+    import torch_xla
+
+    strategy = XLAStrategy()
+    _trainer(strategy=strategy, accelerator="xla", devices=world_size)
+    strategy.setup_environment()
+    device = torch_xla.device()
+    try:
+        on_device = torch.arange(3.0, device=device) + torch.tensor([float(rank)]).to(device)
+        summed = strategy.collective.all_reduce(on_device, "sum")
+        in_place = on_device.clone()
+        strategy.collective.all_reduce(in_place, "max", out=in_place)
+        helpers = {
+            "gather": strategy.all_gather(torch.arange(rank + 1)).tolist(),
+            "mean": float(strategy.reduce(torch.tensor(float(rank)))),
+            "object": strategy.broadcast({"from": rank}, src=1),
+            "any": strategy.reduce_boolean_decision(rank == 2, all=False),
+            "all": strategy.reduce_boolean_decision(rank == 2, all=True),
+            "every": strategy.reduce_boolean_decision(True, all=True),
+            "device": (summed.device.type, in_place.device.type),
+            "summed": summed.cpu().tolist(),
+            "in_place": in_place.cpu().tolist(),
+            "input_kept": on_device.cpu().tolist(),
+        }
+    finally:
+        strategy.teardown()
+    trainer = _trainer(
+        strategy="xla",
+        accelerator="xla",
+        devices=world_size,
+        max_epochs=20,
+        limit_train_batches=2,
+        callbacks=[accord.callbacks.EarlyStopping("score", patience=2)],
+    )
+    trainer.fit(model, loader(batch_size=16), loader(batch_size=16))
+    return {**helpers, "stopped_after": trainer.current_epoch}
+
+
+def test_decisions_helpers_and_early_stopping_across_three_ranks(tmp_path: Path) -> None:
+    results = run_xla_ranks(_decisions_and_device_tensors, 3, tmp_path, PlateauOnRankOne())
+    for rank, result in enumerate(results):
+        assert result["gather"] == [0, 0, 1, 0, 1, 2]
+        assert result["mean"] == 1.0
+        assert result["object"] == {"from": 1}
+        # Only rank 2 says yes: any-rank is True everywhere, all-ranks False everywhere.
+        assert (result["any"], result["all"], result["every"]) == (True, False, True)
+        assert result["device"] == ("xla", "xla")
+        assert result["summed"] == [3.0, 6.0, 9.0]
+        assert result["in_place"] == [2.0, 3.0, 4.0]
+        assert result["input_kept"] == [float(rank), rank + 1.0, rank + 2.0]
+        # Rank 1 logs 1.0, 0.5, 0.5, 0.5: with patience=2 it asks to stop after epoch 3,
+        # and every rank stops with it.
+        assert result["stopped_after"] == 4
+
+
+# ------------------------------------------------------------------------ fits
+class CountingXLACollective(XLACollective):
+    """An XLACollective that counts its all_reduce calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.all_reduces = 0
+
+    def all_reduce(
+        self, tensor: torch.Tensor, op: Any = "sum", *, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        self.all_reduces += 1
+        return super().all_reduce(tensor, op, out=out)
+
+
+def _fits(rank: int, world_size: int, model: LinearModel, root: str) -> dict[str, Any]:
+    import copy
+
+    def fit(strategy: Any, epochs: int, start: LinearModel, **kwargs: Any) -> Any:
+        trainer = _trainer(
+            strategy=strategy, accelerator="xla", devices=world_size, max_epochs=epochs, **kwargs
+        )
+        trainer.fit(start, loader(batch_size=16))
+        return trainer
+
+    full_model = copy.deepcopy(model)
+    full = fit("xla", 2, full_model)
+    first = copy.deepcopy(model)
+    fit("xla", 1, first, enable_checkpointing=True, default_root_dir=root)
+    resumed_model = copy.deepcopy(model)
+    resumed = _trainer(
+        strategy="xla", accelerator="xla", devices=world_size, max_epochs=2, default_root_dir=root
+    )
+    resumed.fit(resumed_model, loader(batch_size=16), ckpt_path="last")
+    counting = CountingXLACollective()
+    via_collective_model = copy.deepcopy(model)
+    fit(XLAStrategy(collective=counting, gradient_sync="collective"), 2, via_collective_model)
+    clipped_model = copy.deepcopy(model)
+    fit("xla", 2, clipped_model, gradient_clip_val=1e6)
+    return {
+        "weights": flat_weights(full_model).cpu(),
+        "losses": full_model.losses,
+        "steps": full.global_step,
+        "resumed": flat_weights(resumed_model).cpu(),
+        "resumed_steps": resumed.global_step,
+        "via_collective": flat_weights(via_collective_model).cpu(),
+        "collective_all_reduces": counting.all_reduces,
+        "clipped": flat_weights(clipped_model).cpu(),
+    }
+
+
+def test_two_rank_fits_agree_resume_and_match_one_device(tmp_path: Path) -> None:
+    results = run_xla_ranks(_fits, 2, tmp_path / "ranks", LinearModel(), str(tmp_path / "run"))
+    expected = _cpu_weights(batch_size=32)  # 2 ranks x 16 is one batch of 32
+    steps = 2 * 256 // (16 * 2)
+    for result in results:
+        assert result["steps"] == steps
+        torch.testing.assert_close(result["weights"], results[0]["weights"], rtol=0, atol=0)
+        torch.testing.assert_close(result["weights"], expected, rtol=1e-4, atol=1e-5)
+        assert result["losses"][-1] < result["losses"][0] / 4
+        # One epoch, a checkpoint, then the second epoch: the same weights as two at once.
+        assert result["resumed_steps"] == steps
+        torch.testing.assert_close(result["resumed"], result["weights"], rtol=1e-5, atol=1e-6)
+        # Gradients through the collective (2 parameters per step) give the same training;
+        # so do clipped gradients that clipping leaves alone (averaged once, not twice).
+        assert result["collective_all_reduces"] >= 2 * steps
+        torch.testing.assert_close(result["via_collective"], expected, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(result["clipped"], result["weights"], rtol=1e-5, atol=1e-6)
+
+
+def test_trainer_launches_the_ranks_and_returns_rank_zero_weights() -> None:
+    model = LinearModel()
+    trainer = _trainer(strategy="xla", devices=2, max_epochs=2)
+    assert isinstance(trainer.strategy, XLAStrategy)
+    assert isinstance(trainer.strategy.launcher, XLALauncher)
+    trainer.fit(model, loader(batch_size=16))
+    torch.testing.assert_close(flat_weights(model), _cpu_weights(32), rtol=1e-4, atol=1e-5)
+    assert trainer.global_step == 16
+    assert float(trainer.callback_metrics["train_loss_epoch"]) < 1.0
+    assert "CPU_NUM_DEVICES" not in os.environ  # set for the ranks only
+
+
+def _single(rank: int, world_size: int, model: LinearModel, root: str) -> dict[str, Any]:
+    import copy
+
+    first = copy.deepcopy(model)
+    single = _trainer(
+        strategy="single_xla", max_epochs=1, enable_checkpointing=True, default_root_dir=root
+    )
+    assert isinstance(single.strategy, SingleDeviceXLAStrategy)
+    single.fit(first, loader(batch_size=16))
+    resumed = copy.deepcopy(model)
+    _trainer(strategy="single_xla", max_epochs=2, default_root_dir=root).fit(
+        resumed, loader(batch_size=16), ckpt_path="last"
+    )
+    full = copy.deepcopy(model)
+    _trainer(strategy="single_xla", max_epochs=2).fit(full, loader(batch_size=16))
+    strategy = single.strategy
+    return {
+        "full": flat_weights(full).cpu(),
+        "losses": full.losses,
+        "resumed": flat_weights(resumed).cpu(),
+        "device": str(strategy.root_device.type),
+        "collective": type(strategy.collective).__name__,
+    }
+
+
+def test_single_xla_fits_and_resumes(tmp_path: Path) -> None:
+    (result,) = run_xla_ranks(_single, 1, tmp_path / "ranks", LinearModel(), str(tmp_path))
+    assert (result["device"], result["collective"]) == ("xla", "XLACollective")
+    assert result["losses"][-1] < result["losses"][0] / 4
+    torch.testing.assert_close(result["full"], _cpu_weights(16), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(result["resumed"], result["full"], rtol=1e-5, atol=1e-6)
+
+
+class FailsOnRankOne(LinearModel):
+    """Rank 1 raises at batch 2 of the first epoch."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if batch_idx == 2 and self.global_rank == 1:
+            raise RuntimeError("rank 1 fails on purpose")
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_failing_rank_is_reported_by_rank() -> None:
+    trainer = _trainer(strategy="xla", devices=2, max_epochs=1)
+    with pytest.raises(RankFailureError, match="Rank 1 failed") as info:
+        trainer.fit(FailsOnRankOne(), loader(batch_size=16))
+    assert "rank 1 fails on purpose" in str(info.value)
+
+
+def test_names_are_registered() -> None:
+    assert StrategyRegistry.get("xla").strategy_cls is XLAStrategy
+    assert StrategyRegistry.get("single_xla").strategy_cls is SingleDeviceXLAStrategy
