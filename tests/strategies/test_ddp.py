@@ -237,3 +237,46 @@ def test_strategy_helpers_across_three_ranks() -> None:
         assert result["mean"] == 1.0
         assert result["object"] == {"from": 1}
         assert (result["any"], result["all"], result["every"]) == (True, False, True)
+
+
+class _SaveMidEpoch(accord.callbacks.Callback):
+    """Writes a checkpoint after batch 3 of epoch 1 (every rank takes part)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_batch_end(
+        self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.current_epoch == 1 and batch_idx == 3:
+            trainer.save_checkpoint(self.path)
+
+
+def _resume_mid_epoch(rank: int, world_size: int, root: str) -> list[torch.Tensor]:
+    def fit(model: LinearModel, **kwargs: Any) -> None:
+        trainer = accord.Trainer(
+            strategy="ddp",
+            devices=2,
+            accelerator="cpu",
+            max_epochs=3,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            **kwargs,
+        )
+        trainer.fit(model, loader(batch_size=16, shuffle=True), ckpt_path=ckpt)
+
+    path = str(Path(root) / "mid.ckpt")
+    ckpt = None
+    straight = LinearModel()
+    fit(straight)
+    fit(LinearModel(), callbacks=[_SaveMidEpoch(path)])
+    ckpt = path
+    resumed = LinearModel()
+    fit(resumed)
+    return [flat_weights(straight), flat_weights(resumed)]
+
+
+def test_resume_from_the_middle_of_an_epoch(tmp_path: Path) -> None:
+    for straight, resumed in run_distributed(_resume_mid_epoch, 2, str(tmp_path), timeout=120):
+        torch.testing.assert_close(resumed, straight)
