@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from enum import Enum
 from typing import Any
 
@@ -74,15 +73,12 @@ class Precision:
         """Convert parameters where the mode asks for it (``bf16-true``)."""
         return module.to(self.param_dtype) if self.param_dtype is not None else module
 
-    @contextlib.contextmanager
-    def forward_context(self) -> Iterator[None]:
-        """Autocast for the mixed modes; nothing otherwise."""
+    def forward_context(self) -> contextlib.AbstractContextManager[Any]:
+        """Autocast for the mixed modes; a no-op context otherwise."""
         dtype = self.autocast_dtype
         if dtype is None:
-            yield
-            return
-        with torch.autocast(self.device_type, dtype=dtype):
-            yield
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=dtype)
 
     def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()``, scaled in fp16 mode."""

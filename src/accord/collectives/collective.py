@@ -463,8 +463,11 @@ class Collective(ABC):
                 if not _same_memory(out, tensor) or out.stride() != tensor.stride():
                     out.copy_(tensor)
                 return out, out
-        work = torch.empty(shape, dtype=work_dtype, device=tensor.device)
-        work.copy_(tensor)
+        # One fused allocate-and-copy (cheaper than empty + copy_ for small tensors).
+        if tensor.dtype == work_dtype:
+            work = tensor.clone(memory_format=torch.contiguous_format)
+        else:
+            work = tensor.to(work_dtype, memory_format=torch.contiguous_format)
         return work, out
 
     def _finish(

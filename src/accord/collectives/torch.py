@@ -339,15 +339,22 @@ def _rendezvous_store(address: str, port: int, host: bool, timeout: timedelta) -
     return store, generation + 1
 
 
-def _torch_op(op: ReduceOp) -> Any:
-    import torch.distributed as dist
+_TORCH_OPS: dict[ReduceOp, Any] = {}
 
-    return {
-        ReduceOp.SUM: dist.ReduceOp.SUM,
-        ReduceOp.MAX: dist.ReduceOp.MAX,
-        ReduceOp.MIN: dist.ReduceOp.MIN,
-        ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT,
-    }[op]
+
+def _torch_op(op: ReduceOp) -> Any:
+    if not _TORCH_OPS:  # built on first use: torch.distributed is imported lazily
+        import torch.distributed as dist
+
+        _TORCH_OPS.update(
+            {
+                ReduceOp.SUM: dist.ReduceOp.SUM,
+                ReduceOp.MAX: dist.ReduceOp.MAX,
+                ReduceOp.MIN: dist.ReduceOp.MIN,
+                ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT,
+            }
+        )
+    return _TORCH_OPS[op]
 
 
 def _bytes_view(tensor: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -205,11 +204,9 @@ class Strategy(ABC):
         """Move every tensor in ``batch`` (nested lists, tuples, dicts) to `root_device`."""
         return move_to_device(batch, self.root_device)
 
-    @contextlib.contextmanager
-    def forward_context(self) -> Iterator[None]:
+    def forward_context(self) -> contextlib.AbstractContextManager[Any]:
         """Context for forward passes (autocast for mixed precision)."""
-        with self.precision.forward_context():
-            yield
+        return self.precision.forward_context()
 
     def step(self, model: nn.Module, name: str, *args: Any) -> Any:
         """Run the user's step hook ``name`` (``"training_step"``, ...) through ``model``.

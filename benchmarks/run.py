@@ -1,0 +1,72 @@
+"""Run every benchmark, print one Markdown report, write ``results/latest.json``.
+
+Each benchmark script runs in its own process (so no process group, thread setting or
+import outlives it) with ``OMP_NUM_THREADS=1``; ``make bench`` calls this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import HERE, RESULTS, machine, markdown
+
+SCRIPTS: list[tuple[str, list[str]]] = [
+    ("bench_import.py", []),
+    ("bench_fit.py", ["--ranks", "1"]),
+    ("bench_fit.py", ["--ranks", "2"]),
+    ("bench_reduce.py", []),
+    ("bench_logging.py", []),
+    ("bench_startup.py", []),
+]
+
+
+def main() -> None:
+    parse = argparse.ArgumentParser(description=__doc__)
+    parse.add_argument("--smoke", action="store_true", help="pass --smoke to every script")
+    parse.add_argument("--json", type=Path, default=RESULTS / "latest.json")
+    parse.add_argument("--markdown", type=Path, default=RESULTS / "latest.md")
+    args = parse.parse_args()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    sections = []
+    timings = {}
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as scratch:
+        for index, (script, extra) in enumerate(SCRIPTS):
+            out = Path(scratch) / f"{index}.json"
+            command = [sys.executable, str(HERE / script), *extra, "--json", str(out)]
+            if args.smoke:
+                command.append("--smoke")
+            label = " ".join([script, *extra])
+            print(f"== {label}", flush=True)
+            begin = time.monotonic()
+            subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
+            timings[label] = round(time.monotonic() - begin, 1)
+            print(f"   {timings[label]:.1f} s", flush=True)
+            sections += json.loads(out.read_text())["sections"]
+    facts = machine()
+    facts["bench_seconds"] = {**timings, "total": round(time.monotonic() - started, 1)}
+    report = markdown(sections)
+    header = (
+        f"Run {facts['date']} on {facts['cpu_count']} cores ({facts['platform']}), Python "
+        f"{facts['python']}, torch {facts['torch']}, pytorch_lightning "
+        f"{facts['pytorch_lightning']}, accelerate {facts['accelerate']}; load average at "
+        f"the end {', '.join(f'{x:.1f}' for x in facts['load_average'] or ())}; "
+        f"{facts['bench_seconds']['total']:.0f} s in all."
+    )
+    print("\n" + header + "\n\n" + report)
+    if not args.smoke:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"machine": facts, "sections": sections}, indent=2) + "\n")
+        args.markdown.write_text(header + "\n\n" + report)
+        print(f"wrote {args.json} and {args.markdown}")
+
+
+if __name__ == "__main__":
+    main()

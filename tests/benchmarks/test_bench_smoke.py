@@ -1,0 +1,86 @@
+"""Every benchmark script starts and reports: one tiny ``--smoke`` round, raw and accord only.
+
+Benchmarks never run in ``make test``; this only checks that ``make bench`` would not fail
+on a broken script. The scripts run side by side, so the whole file takes a few seconds
+more than the slowest of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks"
+SCRIPTS = {
+    "import": ["bench_import.py"],
+    "fit_1": ["bench_fit.py", "--ranks", "1"],
+    "fit_2": ["bench_fit.py", "--ranks", "2"],
+    "reduce": ["bench_reduce.py"],
+    "logging": ["bench_logging.py"],
+    "startup": ["bench_startup.py"],
+}
+_RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT", "MASTER_ADDR", "GROUP_RANK")
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Start every script with ``--smoke`` at once; yield each one's exit, output and JSON."""
+    out = tmp_path_factory.mktemp("bench")
+    env = {k: v for k, v in os.environ.items() if k not in _RANK_VARS}
+    env["OMP_NUM_THREADS"] = "1"
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, str(BENCH / args[0]), *args[1:], "--smoke", "--json", out / name],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for name, args in SCRIPTS.items()
+    }
+    runs: dict[str, Any] = {}
+    try:
+        for name, proc in procs.items():
+            output, _ = proc.communicate(timeout=240)
+            path = out / name
+            payload = json.loads(path.read_text()) if path.exists() else None
+            runs[name] = (proc.returncode, output, payload)
+        yield runs
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_script_runs_and_reports(smoke_runs: dict[str, Any], name: str) -> None:
+    code, output, payload = smoke_runs[name]
+    assert code == 0, output
+    assert payload is not None, output
+    assert payload["machine"]["torch"]
+    for sec in payload["sections"]:
+        contestants = [row["contestant"] for row in sec["rows"]]
+        assert "accord" in contestants, sec
+        for row in sec["rows"]:
+            assert row["n"] >= 1 and row["min"] <= row["median"] <= row["max"], row
+        # Peers are left out of a smoke run, each with its reason.
+        assert all(reason for reason in sec["skipped"].values()), sec
+        assert f"### {sec['title']}" in output
+
+
+def test_accord_syncs_ten_logged_metrics_in_one_collective(smoke_runs: dict[str, Any]) -> None:
+    _, output, payload = smoke_runs["logging"]
+    assert payload is not None, output
+    counts = next(s for s in payload["sections"] if s["key"] == "logging_collectives")
+    accord = next(row for row in counts["rows"] if row["contestant"] == "accord")
+    assert accord["median"] == 1, counts
