@@ -117,6 +117,9 @@ def _decisions_and_device_tensors(rank: int, world_size: int, model: LinearModel
         summed = strategy.collective.all_reduce(on_device, "sum")
         in_place = on_device.clone()
         strategy.collective.all_reduce(in_place, "max", out=in_place)
+        from_two = torch.empty(3, device=device)
+        strategy.collective.broadcast(on_device, src=2, out=from_two)
+        gathered = strategy.collective.all_gather(on_device)
         helpers = {
             "gather": strategy.all_gather(torch.arange(rank + 1)).tolist(),
             "mean": float(strategy.reduce(torch.tensor(float(rank)))),
@@ -127,6 +130,8 @@ def _decisions_and_device_tensors(rank: int, world_size: int, model: LinearModel
             "device": (summed.device.type, in_place.device.type),
             "summed": summed.cpu().tolist(),
             "in_place": in_place.cpu().tolist(),
+            "from_two": (from_two.device.type, from_two.cpu().tolist()),
+            "gathered": (gathered.device.type, gathered.cpu().tolist()),
             "input_kept": on_device.cpu().tolist(),
         }
     finally:
@@ -154,6 +159,8 @@ def test_decisions_helpers_and_early_stopping_across_three_ranks(tmp_path: Path)
         assert result["device"] == ("xla", "xla")
         assert result["summed"] == [3.0, 6.0, 9.0]
         assert result["in_place"] == [2.0, 3.0, 4.0]
+        assert result["from_two"] == ("xla", [2.0, 3.0, 4.0])
+        assert result["gathered"] == ("xla", [[0.0, 1.0, 2.0], [1.0, 2.0, 3.0], [2.0, 3.0, 4.0]])
         assert result["input_kept"] == [float(rank), rank + 1.0, rank + 2.0]
         # Rank 1 logs 1.0, 0.5, 0.5, 0.5: with patience=2 it asks to stop after epoch 3,
         # and every rank stops with it.
@@ -186,6 +193,9 @@ def _fits(rank: int, world_size: int, model: LinearModel, root: str) -> dict[str
         return trainer
 
     full_model = copy.deepcopy(model)
+    if rank:  # the strategy starts every rank from rank 0's weights
+        with torch.no_grad():
+            full_model.layer.weight.add_(float(rank))
     full = fit("xla", 2, full_model)
     first = copy.deepcopy(model)
     fit("xla", 1, first, enable_checkpointing=True, default_root_dir=root)
@@ -197,8 +207,8 @@ def _fits(rank: int, world_size: int, model: LinearModel, root: str) -> dict[str
     counting = CountingXLACollective()
     via_collective_model = copy.deepcopy(model)
     fit(XLAStrategy(collective=counting, gradient_sync="collective"), 2, via_collective_model)
-    clipped_model = copy.deepcopy(model)
-    fit("xla", 2, clipped_model, gradient_clip_val=1e6)
+    clipped_model = copy.deepcopy(model)  # also checks every call's agreement (debug)
+    fit(XLAStrategy(debug=True), 2, clipped_model, gradient_clip_val=1e6)
     return {
         "weights": flat_weights(full_model).cpu(),
         "losses": full_model.losses,
@@ -240,6 +250,10 @@ def test_trainer_launches_the_ranks_and_returns_rank_zero_weights() -> None:
     assert trainer.global_step == 16
     assert float(trainer.callback_metrics["train_loss_epoch"]) < 1.0
     assert "CPU_NUM_DEVICES" not in os.environ  # set for the ranks only
+    # Rank 0's predictions (its half of the data) come home as CPU tensors.
+    predictions = trainer.predict(model, loader(batch_size=64))
+    assert [p.shape for p in predictions] == [torch.Size([64])] * 2
+    assert {p.device.type for p in predictions} == {"cpu"}
 
 
 def _single(rank: int, world_size: int, model: LinearModel, root: str) -> dict[str, Any]:

@@ -19,7 +19,12 @@ import torch
 from typing_extensions import Self, override
 
 from accord.collectives.collective import Collective, ReduceOp
-from accord.collectives.torch import _as_timedelta, _bytes_view, _env_int
+from accord.collectives.torch import (
+    _as_timedelta,
+    _bytes_view,
+    _env_int,
+    init_group_on_shared_store,
+)
 from accord.errors import CollectiveError, ConfigurationError, MissingDependencyError
 
 __all__ = ["DeepSpeedCollective"]
@@ -208,7 +213,15 @@ class DeepSpeedCollective(Collective):
                 from accord.environments.local import find_free_port
 
                 port = find_free_port()
-            init_method = f"tcp://{address}:{port}"
+            # The group is made on accord's shared store (one per process, a key prefix per
+            # group), so a second run in the same processes never re-binds the port;
+            # deepspeed.comm then wraps it.
+            backend = self._backend or _default_backend()
+            init_group_on_shared_store(backend, address, int(port), rank, world_size, self.timeout)
+            deepspeed.init_distributed(
+                dist_backend=backend, auto_mpi_discovery=False, verbose=False, timeout=self.timeout
+            )
+            return
         deepspeed.init_distributed(
             dist_backend=self._backend or _default_backend(),
             auto_mpi_discovery=False,

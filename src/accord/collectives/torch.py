@@ -186,14 +186,7 @@ class TorchCollective(Collective):
             from accord.environments.local import find_free_port
 
             port = find_free_port()
-        store, generation = _rendezvous_store(address, int(port), rank == 0, self.timeout)
-        dist.init_process_group(
-            backend,
-            store=dist.PrefixStore(f"accord/{generation}/", store),  # type: ignore[attr-defined]
-            rank=rank,
-            world_size=world_size,
-            timeout=self.timeout,
-        )
+        init_group_on_shared_store(backend, address, int(port), rank, world_size, self.timeout)
 
     @override
     def teardown(self) -> Self:
@@ -340,6 +333,22 @@ def _rendezvous_store(address: str, port: int, host: bool, timeout: timedelta) -
 
 
 _TORCH_OPS: dict[ReduceOp, Any] = {}
+
+
+def init_group_on_shared_store(
+    backend: str, address: str, port: int, rank: int, world_size: int, timeout: timedelta
+) -> None:
+    """Create the default process group on this process's store for ``address:port``."""
+    import torch.distributed as dist
+
+    store, generation = _rendezvous_store(address, port, rank == 0, timeout)
+    dist.init_process_group(
+        backend,
+        store=dist.PrefixStore(f"accord/{generation}/", store),  # type: ignore[attr-defined]
+        rank=rank,
+        world_size=world_size,
+        timeout=timeout,
+    )
 
 
 def _torch_op(op: ReduceOp) -> Any:

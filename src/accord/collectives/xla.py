@@ -14,15 +14,18 @@ Two facts about XLA shape every primitive here:
   that small program and waits for it. So an op's result is ready when it returns.
 - Several ranks may share one process, one thread per device: torch_xla does this on the
   CPU runtime (``CPU_NUM_DEVICES=N``) and on TPU hosts with several cores per chip. There
-  the ranks' collectives meet only when every rank runs the *same compiled executable*
-  (XLA's in-process rendezvous is keyed by the executable's id). Two rules guarantee it:
-  programs are launched under one process-wide lock (`launch`), so the first rank compiles
-  and the others hit torch_xla's compilation cache; and no program embeds a rank-dependent
-  constant — what differs per rank travels as device data. That is why ``xm.all_gather``
-  runs with ``pin_layout=False`` (the pinned variant pads by ordinal), why broadcast is
-  a masked ``xm.all_reduce`` on the tensor's bits instead of ``xm.collective_broadcast``
-  (which multiplies, so NaN or -0.0 would not survive), and why ``xm.rendezvous`` (built
-  on the pinned all_gather) is used for the barrier only when each process holds one rank.
+  the ranks' collectives meet only when every rank runs the *same compiled executable*:
+  two separately compiled copies of one graph get different collective ids and wait for
+  each other forever. Two rules guarantee it. Programs are launched under one
+  process-wide lock (`launch`), so the first rank compiles and the others hit
+  torch_xla's compilation cache. And no program embeds a rank-dependent constant: what
+  differs per rank travels as device data (XLA turns a 0-d tensor holding 0 or 1 into a
+  constant, so single values travel as one-element tensors). That is why
+  ``xm.all_gather`` runs with ``pin_layout=False`` (the pinned variant pads by ordinal),
+  why broadcast is a masked ``xm.all_reduce`` on the tensor's bits rather than
+  ``xm.collective_broadcast`` (which multiplies, so NaN or -0.0 would not survive), and
+  why ``xm.rendezvous`` (built on the pinned all_gather) is the barrier only where each
+  process holds one rank.
 """
 
 from __future__ import annotations
@@ -86,9 +89,9 @@ def launch(tensors: Sequence[torch.Tensor] | None = None) -> None:
     torch_xla = _import("torch_xla")
     xm = _import("torch_xla.core.xla_model")
     device = torch_xla.device()
-    # A sync that finds nothing to run waits on device 0 (an empty collection has no
-    # device of its own); while rank 0 waits in a collective for this rank, that never
-    # returns. A pending zero on this rank's device keeps every sync on its own device.
+    # A sync that finds nothing to run still takes a device lock, and not this rank's
+    # (torch_xla 2.9 was seen blocking on the device of a rank that waited in a collective
+    # for this one: a deadlock). A pending zero on this device keeps the sync on it.
     anchor = torch.zeros((), device=device)
     with _LAUNCH_LOCK:
         if tensors is None:
@@ -107,8 +110,9 @@ class XLACollective(Collective):
 
     Tensors may live on the XLA device or on the CPU; a CPU tensor is copied to this
     rank's XLA device for the op and the result copied back, so results are always on the
-    input's device. ``send``/``recv``, ``gather`` and ``scatter`` are not available (XLA's
-    point-to-point ops need a compiled pipeline of channels, not a single op).
+    input's device. ``send``/``recv``, ``gather`` and ``scatter`` are not available:
+    torch_xla has no gather or scatter collective, and its channel-based send/recv is not
+    exposed here.
 
     ``setup()`` joins the XLA runtime's replication (torch_xla's launcher creates it; a
     process that was not launched is a world of one). The first collective set up on a

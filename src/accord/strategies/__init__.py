@@ -9,6 +9,7 @@ from accord.strategies.registry import StrategyEntry, StrategyRegistry
 from accord.strategies.single_device import SingleDeviceStrategy
 from accord.strategies.step_module import StepModule
 from accord.strategies.strategy import Strategy
+from accord.strategies.xla import SingleDeviceXLAStrategy, XLAStrategy
 
 __all__ = [
     "DDPStrategy",
@@ -17,9 +18,11 @@ __all__ = [
     "FSDPStrategy",
     "ParallelStrategy",
     "SingleDeviceStrategy",
+    "SingleDeviceXLAStrategy",
     "StepModule",
     "Strategy",
     "StrategyEntry",
     "StrategyRegistry",
+    "XLAStrategy",
     "consolidate_deepspeed_checkpoint",
 ]

@@ -180,6 +180,7 @@ class XLAStrategy(_XLATraining, ParallelStrategy):
         sync_module_states: broadcast rank 0's parameters and buffers when the model is
             set up, so every rank starts from the same weights.
         failure_grace: seconds the other ranks get to stop after one failed.
+        debug: check that all ranks make the same collective calls (`DebugCollective`).
         accelerator, parallel_devices, cluster_environment, collective, precision, num_nodes:
             as `ParallelStrategy` (the accelerator defaults to `XLAAccelerator`, the
             environment to `XLAEnvironment`).
@@ -200,6 +201,7 @@ class XLAStrategy(_XLATraining, ParallelStrategy):
         gradient_sync: GradientSync = "native",
         sync_module_states: bool = True,
         failure_grace: float = 5.0,
+        debug: bool = False,
     ) -> None:
         require_torch_xla("strategy='xla'")
         if gradient_sync not in ("native", "collective"):
@@ -217,6 +219,7 @@ class XLAStrategy(_XLATraining, ParallelStrategy):
             collective,
             precision,
             num_nodes,
+            debug=debug,
         )
         self.gradient_sync = gradient_sync
         self.sync_module_states = sync_module_states
@@ -276,7 +279,7 @@ class SingleDeviceXLAStrategy(_XLATraining, SingleDeviceStrategy):
 
     Args:
         device: the XLA device (default: ``xla:0``).
-        accelerator, collective, cluster_environment, precision: as `SingleDeviceStrategy`
+        accelerator, collective, cluster_environment, precision, debug: as `SingleDeviceStrategy`
             (the accelerator defaults to `XLAAccelerator`).
 
     Raises:
@@ -290,12 +293,19 @@ class SingleDeviceXLAStrategy(_XLATraining, SingleDeviceStrategy):
         collective: Collective | None = None,
         cluster_environment: ClusterEnvironment | None = None,
         precision: Precision | None = None,
+        *,
+        debug: bool = False,
     ) -> None:
         require_torch_xla("strategy='single_xla'")
         if isinstance(device, int):
             device = torch.device("xla", device)
         super().__init__(
-            device, _xla_accelerator(accelerator), collective, cluster_environment, precision
+            device,
+            _xla_accelerator(accelerator),
+            collective,
+            cluster_environment,
+            precision,
+            debug=debug,
         )
         if self._device.type != "xla":
             raise ConfigurationError(

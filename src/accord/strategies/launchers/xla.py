@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from typing_extensions import override
 
 from accord.environments.cluster_environment import ClusterEnvironment
@@ -42,15 +43,20 @@ def _error_file(directory: str, rank: int) -> Path:
 
 def _rank_main(index: int, work: bytes, directory: str, grace: float) -> None:
     """One rank of an ``xmp.spawn`` run (module level, so the process pool can pickle it)."""
+    from accord.strategies.strategy import move_to_device
+
     fn, args, kwargs, owner = pickle.loads(work)  # this rank's own copies
     try:
         result = fn(*args, **kwargs)
         if index == 0:
             payload = owner._rank_zero_payload() if owner is not None else None
+            # XLA tensors go home as CPU tensors: unpickling an XLA tensor in the launching
+            # process would start the runtime there, and no later fit could launch ranks.
+            cpu = torch.device("cpu")
+            body = pickle.dumps((move_to_device(result, cpu), move_to_device(payload, cpu)))
             target = Path(directory) / _RESULT
             partial = target.with_suffix(".tmp")
-            # Plain pickle copies tensor data (no shared-memory handles).
-            partial.write_bytes(pickle.dumps((result, payload)))
+            partial.write_bytes(body)  # plain pickle copies tensor data
             partial.replace(target)
     except BaseException as err:
         _error_file(directory, index).write_text(
