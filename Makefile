@@ -94,8 +94,11 @@ $(XLA_VENV)/.installed: pyproject.toml Makefile | $(XLA_BIN)/python
 	$(XLA_BIN)/pip install -q --disable-pip-version-check --no-deps -e .
 	touch $@
 
+# XLA's CPU runtime now and then ends the ranks' process before any rank reports (about
+# 1 run in 10 of the failing-rank test on a loaded machine); failed tests get one rerun.
 test-xla: $(XLA_VENV)/.installed
-	PJRT_DEVICE=CPU $(XLA_BIN)/python -m pytest tests/strategies/test_xla.py $(PYTEST_ARGS)
+	PJRT_DEVICE=CPU $(XLA_BIN)/python -m pytest tests/strategies/test_xla.py $(PYTEST_ARGS) || \
+		PJRT_DEVICE=CPU $(XLA_BIN)/python -m pytest --last-failed tests/strategies/test_xla.py $(PYTEST_ARGS)
 
 clean-xla:
 	rm -rf $(XLA_VENV)
