@@ -63,6 +63,8 @@ class ReduceOp(str, Enum):
 
 _BY_VALUE = {member.value: member for member in ReduceOp}
 _ALIASES = {"avg": ReduceOp.MEAN, "prod": ReduceOp.PRODUCT}
+_PARSED: dict[str, ReduceOp] = {**{m: m for m in ReduceOp}, **_BY_VALUE, **_ALIASES}
+"""Exact spellings looked up before `ReduceOp.parse` normalises anything else."""
 
 ReduceOpLike = str | ReduceOp | Any
 """Anything `ReduceOp.parse` accepts."""
@@ -79,6 +81,8 @@ class Collective(ABC):
 
     backend_name: ClassVar[str] = "collective"
     """Human-readable backend name used in error messages."""
+    _native_mean: bool = False
+    """Whether `_all_reduce_` averages floating-point buffers itself (one op fewer)."""
 
     # ----------------------------------------------------------------- lifecycle
     @property
@@ -117,7 +121,11 @@ class Collective(ABC):
     # ---------------------------------------------------------------- primitives
     @abstractmethod
     def _all_reduce_(self, buffer: torch.Tensor, op: ReduceOp) -> None:
-        """Reduce ``buffer`` in place across ranks; ``op`` is never MEAN."""
+        """Reduce ``buffer`` in place across ranks.
+
+        ``op`` is MEAN only for a floating-point ``buffer`` on a backend that sets
+        ``_native_mean``; otherwise the base class sums and divides.
+        """
 
     @abstractmethod
     def _broadcast_(self, buffer: torch.Tensor, src: int) -> None:
@@ -162,8 +170,22 @@ class Collective(ABC):
         tensor counts the ranks holding True (int64); ``max``/``min``/``product`` of bools
         are any/all/all. Returns a new tensor, or ``out`` filled with the result.
         """
-        reduce_op = ReduceOp.parse(op)
-        self._check_ready("all_reduce", tensor)
+        reduce_op = _PARSED.get(op) if isinstance(op, str) else None
+        if reduce_op is None:
+            reduce_op = ReduceOp.parse(op)
+        if not (isinstance(tensor, torch.Tensor) and self.is_setup):
+            self._check_ready("all_reduce", tensor)
+        if out is None and tensor.is_floating_point():
+            # The common call (a metric, a loss) in as few Python calls as possible: the
+            # interpreter runs cold after every wait on the network, so each call counts.
+            work = tensor.clone(memory_format=torch.contiguous_format)
+            if not work.numel():
+                return work
+            if reduce_op is not ReduceOp.MEAN or self._native_mean:
+                self._all_reduce_(work, reduce_op)
+                return work
+            self._all_reduce_(work, ReduceOp.SUM)
+            return work.div_(self.world_size)
         result_dtype, work_dtype = _reduce_dtypes(tensor.dtype, reduce_op)
         work, target = self._work_buffer(tensor, tensor.shape, work_dtype, result_dtype, out)
         if work.numel():
@@ -457,6 +479,8 @@ class Collective(ABC):
         out: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A contiguous buffer of ``work_dtype`` holding ``tensor``'s values, and the ``out``."""
+        if out is tensor and tensor.dtype == work_dtype == result_dtype and out.is_contiguous():
+            return out, out  # in place: shape, dtype and device match by construction
         if out is not None:
             self._check_out(out, shape, result_dtype, tensor.device)
             if out.is_contiguous() and out.dtype == work_dtype:

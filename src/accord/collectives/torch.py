@@ -148,6 +148,7 @@ class TorchCollective(Collective):
         self._ready = True
         self._rank = dist.get_rank(self._group)
         self._world_size = dist.get_world_size(self._group)
+        self._native_mean = _averages_natively(self.backend)
         return self
 
     def _init_default_group(
@@ -224,6 +225,7 @@ class TorchCollective(Collective):
         child._ready = child._created = True
         child._rank = dist.get_rank(group)
         child._world_size = dist.get_world_size(group)
+        child._native_mean = _averages_natively(child.backend)
         return child
 
     @property
@@ -351,6 +353,12 @@ def init_group_on_shared_store(
     )
 
 
+def _averages_natively(backend: str) -> bool:
+    """Whether every device backend in ``backend`` (``"gloo"``, ``"cpu:gloo,cuda:nccl"``)
+    implements ``ReduceOp.AVG`` for floating-point tensors (MPI and UCC do not)."""
+    return {part.rpartition(":")[2] for part in backend.split(",")} <= {"gloo", "nccl"}
+
+
 def _torch_op(op: ReduceOp) -> Any:
     if not _TORCH_OPS:  # built on first use: torch.distributed is imported lazily
         import torch.distributed as dist
@@ -358,6 +366,7 @@ def _torch_op(op: ReduceOp) -> Any:
         _TORCH_OPS.update(
             {
                 ReduceOp.SUM: dist.ReduceOp.SUM,
+                ReduceOp.MEAN: dist.ReduceOp.AVG,
                 ReduceOp.MAX: dist.ReduceOp.MAX,
                 ReduceOp.MIN: dist.ReduceOp.MIN,
                 ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT,
