@@ -11,25 +11,39 @@ import os
 import pickle
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
 from accord.errors import CheckpointError
 
-__all__ = ["load_checkpoint_file", "save_checkpoint_file"]
+__all__ = ["load_checkpoint_file", "save_checkpoint_file", "write_bytes_atomically"]
 
 
 def save_checkpoint_file(checkpoint: dict[str, Any], path: str | Path) -> Path:
     """Write ``checkpoint`` to ``path`` atomically (temporary file, fsync, rename)."""
+    return _write_atomically(path, lambda handle: torch.save(checkpoint, handle))
+
+
+def write_bytes_atomically(data: bytes, path: str | Path) -> Path:
+    """Write ``data`` to ``path`` as `save_checkpoint_file` writes a checkpoint.
+
+    For the small files that point into a checkpoint (such as DeepSpeed's ``latest``), so
+    a reader finds the old contents or the new ones, never a part.
+    """
+    return _write_atomically(path, lambda handle: handle.write(data))
+
+
+def _write_atomically(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as handle:
-            torch.save(checkpoint, handle)
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         tmp.replace(target)

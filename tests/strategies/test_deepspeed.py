@@ -21,7 +21,7 @@ import torch
 from models import LinearModel, flat_weights, loader
 
 import accord
-from accord.errors import ConfigurationError
+from accord.errors import CheckpointError, ConfigurationError
 from accord.strategies import DDPStrategy, DeepSpeedStrategy, consolidate_deepspeed_checkpoint
 from accord.testing import run_distributed
 from conftest import run_python
@@ -279,10 +279,14 @@ class AdamModel(LinearModel):
         return torch.optim.Adam(self.parameters(), lr=0.05)
 
 
+def _tag_directories(checkpoint: Path) -> list[str]:
+    return sorted(p.name for p in checkpoint.iterdir() if p.is_dir())
+
+
 def _save_and_resume(stage: int, root: Path) -> dict[str, Any]:
     full = AdamModel()
     checkpoints = accord.callbacks.ModelCheckpoint(
-        dirpath=root, filename="epoch={epoch}", save_top_k=-1
+        dirpath=root, filename="epoch={epoch}", save_top_k=-1, save_last=True
     )
     _trainer(DeepSpeedStrategy(stage=stage), max_epochs=3, callbacks=[checkpoints]).fit(
         full, loader(batch_size=16)
@@ -300,6 +304,8 @@ def _save_and_resume(stage: int, root: Path) -> dict[str, Any]:
         "resumed": flat_weights(resumed),
         "evaluated": flat_weights(evaluated),
         "files": sorted(p.name for p in root.iterdir()),
+        "tags": _tag_directories(root / "last.ckpt"),
+        "latest": (root / "last.ckpt" / "latest").read_text(),
     }
 
 
@@ -323,7 +329,10 @@ def test_save_and_resume_reach_the_uninterrupted_weights(
     root, ranks = checkpoint_runs
     results = [result[stage] for result in ranks]
     for result in results:
-        assert result["files"] == ["epoch=0.ckpt", "epoch=1.ckpt", "epoch=2.ckpt"]
+        assert result["files"] == ["epoch=0.ckpt", "epoch=1.ckpt", "epoch=2.ckpt", "last.ckpt"]
+        # last.ckpt was written three times: tags 0, 1, 0, and each save removed the other.
+        assert result["latest"] == "checkpoint-0"
+        assert result["tags"] == ["checkpoint-0"]
         torch.testing.assert_close(result["resumed"], result["full"], rtol=0, atol=1e-6)
         # validate(ckpt_path=...) without an optimizer consolidates the shards.
         torch.testing.assert_close(result["evaluated"], result["full"], rtol=0, atol=1e-6)
@@ -334,6 +343,59 @@ def test_save_and_resume_reach_the_uninterrupted_weights(
     plain = LinearModel()
     plain.load_state_dict(torch.load(out, weights_only=True))
     torch.testing.assert_close(flat_weights(plain), results[0]["full"], rtol=0, atol=1e-6)
+
+
+def _fit_with_last(root: Path, max_epochs: int, ckpt_path: Path | None) -> dict[str, Any]:
+    model = AdamModel()
+    last = accord.callbacks.ModelCheckpoint(dirpath=root, save_top_k=0, save_last=True)
+    _trainer(DeepSpeedStrategy(stage=2), max_epochs=max_epochs, callbacks=[last]).fit(
+        model, loader(batch_size=16), ckpt_path=ckpt_path
+    )
+    evaluated = LinearModel()
+    _trainer(DeepSpeedStrategy(stage=2)).validate(
+        evaluated, loader(batch_size=16), ckpt_path=root / "last.ckpt"
+    )
+    return {"weights": flat_weights(model), "evaluated": flat_weights(evaluated)}
+
+
+def _first_fit(rank: int, world_size: int, root: Path) -> dict[str, Any]:
+    return _fit_with_last(root, 2, None)
+
+
+def _resume_past_a_torn_save(rank: int, world_size: int, root: Path) -> dict[str, Any]:
+    restored = _fit_with_last(root, 2, root / "last.ckpt")  # the fit is done: loads only
+    continued = _fit_with_last(root, 3, root / "last.ckpt")
+    return {"restored": restored, "continued": continued}
+
+
+def test_a_save_that_did_not_finish_leaves_the_previous_checkpoint(
+    deepspeed: Any, tmp_path: Path
+) -> None:
+    [before, _] = run_distributed(_first_fit, 2, tmp_path, timeout=TIMEOUT)
+    last = tmp_path / "last.ckpt"
+    assert (last / "latest").read_text() == "checkpoint-1"  # saved twice: tags 0, 1
+    # What a crash in the middle of the third save leaves: the other tag, half written.
+    torn = last / "checkpoint-0"
+    torn.mkdir()
+    for source in sorted((last / "checkpoint-1").iterdir()):
+        data = source.read_bytes()
+        (torn / source.name).write_bytes(data[: len(data) // 2])
+    for result in run_distributed(_resume_past_a_torn_save, 2, tmp_path, timeout=TIMEOUT):
+        restored, continued = result["restored"], result["continued"]
+        torch.testing.assert_close(restored["weights"], before["weights"], rtol=0, atol=1e-6)
+        torch.testing.assert_close(restored["evaluated"], before["weights"], rtol=0, atol=1e-6)
+        assert not torch.equal(continued["weights"], before["weights"])
+        torch.testing.assert_close(continued["evaluated"], continued["weights"], rtol=0, atol=1e-6)
+    # Later saves replaced the torn tag; only the one that `latest` names is left.
+    assert _tag_directories(last) == [(last / "latest").read_text()]
+
+
+def test_a_first_save_that_did_not_finish_is_not_read(deepspeed: Any, tmp_path: Path) -> None:
+    torn = tmp_path / "last.ckpt"
+    (torn / "checkpoint-0").mkdir(parents=True)  # shards under way, `latest` not yet written
+    with pytest.raises(CheckpointError, match=r"no 'latest' file .*Pass tag="):
+        consolidate_deepspeed_checkpoint(torn, tmp_path / "weights.pt")
+    assert not (tmp_path / "weights.pt").exists()
 
 
 # ------------------------------------------------ agreement across ranks (one job)

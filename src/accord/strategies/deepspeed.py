@@ -23,8 +23,10 @@ How the Trainer's loop maps onto the engine:
   and the strategy casts floating-point batch tensors to the model's dtype;
 - checkpoints: ``engine.save_checkpoint`` writes one directory per checkpoint (every rank
   its own shard); the Trainer's other state (loop position, callbacks, schedulers, RNG)
-  travels as the engine's client state. `consolidate_deepspeed_checkpoint` turns such a
-  directory into a plain state dict file.
+  travels as the engine's client state. A save writes a tag directory the checkpoint's
+  ``latest`` file does not name and replaces ``latest`` only when every rank is done, so
+  a crash mid-save leaves the previous checkpoint whole. `consolidate_deepspeed_checkpoint`
+  turns such a directory into a plain state dict file.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from torch import nn
 from typing_extensions import override
 
 from accord.accelerators.accelerator import Accelerator
-from accord.checkpoint_io import save_checkpoint_file
+from accord.checkpoint_io import save_checkpoint_file, write_bytes_atomically
 from accord.collectives.collective import Collective
 from accord.collectives.deepspeed import DeepSpeedCollective
 from accord.environments.cluster_environment import ClusterEnvironment
@@ -64,8 +66,8 @@ __all__ = ["DeepSpeedPrecision", "DeepSpeedStrategy", "consolidate_deepspeed_che
 StartMethod = Literal["popen", "spawn", "fork", "forkserver"]
 
 _STAGES = (1, 2, 3)
-_TAG = "checkpoint"
-"""The tag every checkpoint directory holds its files under (``<dir>/checkpoint/``)."""
+_TAGS = ("checkpoint-0", "checkpoint-1")
+"""The tags a checkpoint directory's saves take in turn (``<dir>/<tag>/`` holds the files)."""
 _CLIENT_KEY = "accord"
 """The key of the Trainer's state inside the engine's client state."""
 _STEP_PREFIX = "module."
@@ -576,9 +578,13 @@ class DeepSpeedStrategy(ParallelStrategy):
         """Write a checkpoint directory with ``engine.save_checkpoint`` (every rank must call it).
 
         Each rank writes its shard of the model and optimizer states under
-        ``<path>/checkpoint/``; the rest of ``checkpoint`` (everything but ``state_dict``
-        and ``optimizer_states``) is stored as the engine's client state. Outside training
-        (no engine with an optimizer) the checkpoint is one file, as in `Strategy`.
+        ``<path>/<tag>/``; the rest of ``checkpoint`` (everything but ``state_dict``
+        and ``optimizer_states``) is stored as the engine's client state. The tag is the
+        one of ``checkpoint-0`` and ``checkpoint-1`` that ``<path>/latest`` does not name;
+        ``latest`` is replaced (atomically) after every rank has written its shard, and
+        only then is the previous tag deleted, so a crash mid-save leaves the previous
+        checkpoint loadable. Outside training (no engine with an optimizer) the checkpoint
+        is one file, as in `Strategy`.
         """
         if self._engine is None or not self._trains:
             super().save_checkpoint(checkpoint, path)
@@ -587,13 +593,27 @@ class DeepSpeedStrategy(ParallelStrategy):
             k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")
         }
         target = Path(path)
-        if self.is_global_zero and target.is_file():
-            target.unlink()  # a single-file checkpoint of an earlier evaluation run
-        self.barrier("deepspeed_save_checkpoint_prepare")
-        self._engine.save_checkpoint(str(target), tag=_TAG, client_state={_CLIENT_KEY: client})
+        tags: tuple[str | None, str] | None = None
         if self.is_global_zero:
+            if target.is_file():
+                target.unlink()  # a single-file checkpoint of an earlier evaluation run
+            previous = _read_latest(target)
+            tags = (previous, _TAGS[1] if previous == _TAGS[0] else _TAGS[0])
+        previous, tag = cast(tuple[str | None, str], self.broadcast(tags))
+        if self.local_rank == 0:
+            shutil.rmtree(target / tag, ignore_errors=True)  # what a crashed save left
+        self.barrier("deepspeed_save_checkpoint_prepare")
+        self._engine.save_checkpoint(
+            str(target), tag=tag, client_state={_CLIENT_KEY: client}, save_latest=False
+        )
+        self.barrier("deepspeed_save_checkpoint_written")
+        if self.is_global_zero:
+            write_bytes_atomically(tag.encode(), target / "latest")
             # Rewriting files inside leaves a directory's mtime alone; ckpt_path="last" reads it.
             os.utime(target)
+        self.barrier("deepspeed_save_checkpoint_committed")
+        if previous is not None and previous != tag and self.local_rank == 0:
+            shutil.rmtree(target / previous, ignore_errors=True)
         self.barrier("save_checkpoint")
 
     @override
@@ -770,18 +790,22 @@ def _strip_step_prefix(state: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _read_latest(directory: Path) -> str | None:
+    """The tag a checkpoint directory's ``latest`` file names, or None without one."""
+    try:
+        return (directory / "latest").read_text().strip() or None
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
 def _checkpoint_tag(directory: Path, tag: str | None) -> str:
-    if tag is not None:
-        return tag
-    latest = directory / "latest"
-    if latest.is_file():
-        return latest.read_text().strip()
-    if (directory / _TAG).is_dir():
-        return _TAG
-    raise CheckpointError(
-        f"{str(directory)!r} is not a DeepSpeed checkpoint: it has no 'latest' file and no "
-        f"{_TAG!r} directory. Pass tag= to name the one to read."
-    )
+    found = tag if tag is not None else _read_latest(directory)
+    if found is None:
+        raise CheckpointError(
+            f"{str(directory)!r} is not a DeepSpeed checkpoint: it has no 'latest' file (a "
+            "save that did not finish leaves none). Pass tag= to name the tag directory to read."
+        )
+    return found
 
 
 def _model_states_file(directory: Path, tag: str) -> Path:
