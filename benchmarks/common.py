@@ -247,6 +247,29 @@ def machine() -> dict[str, Any]:
     return facts
 
 
+def cpu_ticks() -> tuple[int, int] | None:
+    """(stolen, total) CPU ticks of the whole machine since boot, from ``/proc/stat``.
+
+    Steal is the time the hypervisor ran something else while this machine's CPUs had
+    work; on a shared host it slows every contestant unevenly, so reports state it.
+    None where ``/proc/stat`` does not exist (not Linux).
+    """
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    ticks = [int(x) for x in fields[1:]]
+    # user nice system idle iowait irq softirq steal [guest guest_nice]: guest is in user.
+    return (ticks[7] if len(ticks) > 7 else 0), sum(ticks[:8])
+
+
+def steal_percent(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of CPU time stolen between two `cpu_ticks` readings, in percent."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return round(100.0 * (after[0] - before[0]) / (after[1] - before[1]), 1)
+
+
 def parser(description: str | None) -> argparse.ArgumentParser:
     """The options every benchmark script takes."""
     parse = argparse.ArgumentParser(description=description)

@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import HERE, RESULTS, machine, markdown
+from common import HERE, RESULTS, cpu_ticks, machine, markdown, steal_percent
 
 SCRIPTS: list[tuple[str, list[str]]] = [
     ("bench_import.py", []),
@@ -36,7 +36,8 @@ def main() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     sections = []
     timings = {}
-    started = time.monotonic()
+    steal: dict[str, float | None] = {}
+    started, first_ticks = time.monotonic(), cpu_ticks()
     with tempfile.TemporaryDirectory() as scratch:
         for index, (script, extra) in enumerate(SCRIPTS):
             out = Path(scratch) / f"{index}.json"
@@ -45,20 +46,25 @@ def main() -> None:
                 command.append("--smoke")
             label = " ".join([script, *extra])
             print(f"== {label}", flush=True)
-            begin = time.monotonic()
+            begin, ticks = time.monotonic(), cpu_ticks()
             subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
             timings[label] = round(time.monotonic() - begin, 1)
-            print(f"   {timings[label]:.1f} s", flush=True)
-            sections += json.loads(out.read_text())["sections"]
+            steal[label] = steal_percent(ticks, cpu_ticks())
+            print(f"   {timings[label]:.1f} s, {_steal(steal[label])}", flush=True)
+            for sec in json.loads(out.read_text())["sections"]:
+                sec["notes"].append(f"{_steal(steal[label])} while this script ran")
+                sections.append(sec)
     facts = machine()
     facts["bench_seconds"] = {**timings, "total": round(time.monotonic() - started, 1)}
+    facts["cpu_steal_percent"] = {**steal, "total": steal_percent(first_ticks, cpu_ticks())}
     report = markdown(sections)
     header = (
         f"Run {facts['date']} on {facts['cpu_count']} cores ({facts['platform']}), Python "
         f"{facts['python']}, torch {facts['torch']}, pytorch_lightning "
         f"{facts['pytorch_lightning']}, accelerate {facts['accelerate']}; load average at "
         f"the end {', '.join(f'{x:.1f}' for x in facts['load_average'] or ())}; "
-        f"{facts['bench_seconds']['total']:.0f} s in all."
+        f"{facts['bench_seconds']['total']:.0f} s in all; "
+        f"{_steal(facts['cpu_steal_percent']['total'])}."
     )
     print("\n" + header + "\n\n" + report)
     if not args.smoke:
@@ -66,6 +72,12 @@ def main() -> None:
         args.json.write_text(json.dumps({"machine": facts, "sections": sections}, indent=2) + "\n")
         args.markdown.write_text(header + "\n\n" + report)
         print(f"wrote {args.json} and {args.markdown}")
+
+
+def _steal(percent: float | None) -> str:
+    if percent is None:
+        return "CPU steal not measured (no /proc/stat)"
+    return f"CPU steal {percent:.1f} %"
 
 
 if __name__ == "__main__":
