@@ -181,16 +181,25 @@ class Collective(ABC):
             work = tensor.clone(memory_format=torch.contiguous_format)
             if not work.numel():
                 return work
-            if reduce_op is not ReduceOp.MEAN or self._native_mean:
-                self._all_reduce_(work, reduce_op)
-                return work
-            self._all_reduce_(work, ReduceOp.SUM)
-            return work.div_(self.world_size)
+            backend_op = self._backend_op(reduce_op, work)
+            self._all_reduce_(work, backend_op)
+            if reduce_op is ReduceOp.MEAN and backend_op is not ReduceOp.MEAN:
+                work.div_(self.world_size)
+            return work
         result_dtype, work_dtype = _reduce_dtypes(tensor.dtype, reduce_op)
         work, target = self._work_buffer(tensor, tensor.shape, work_dtype, result_dtype, out)
+        backend_op = self._backend_op(reduce_op, work)
         if work.numel():
-            self._all_reduce_(work, ReduceOp.SUM if reduce_op is ReduceOp.MEAN else reduce_op)
-        return self._finish(work, target, result_dtype, reduce_op)
+            self._all_reduce_(work, backend_op)
+        finish_op = ReduceOp.SUM if backend_op is ReduceOp.MEAN else reduce_op  # averaged
+        return self._finish(work, target, result_dtype, finish_op)
+
+    def _backend_op(self, op: ReduceOp, work: torch.Tensor) -> ReduceOp:
+        """The op `_all_reduce_` gets for ``op`` on ``work``: MEAN only where the backend
+        averages ``work`` itself (`_native_mean`, floating point), else SUM for MEAN."""
+        if op is not ReduceOp.MEAN or (self._native_mean and work.is_floating_point()):
+            return op
+        return ReduceOp.SUM
 
     def broadcast(
         self, tensor: torch.Tensor, src: int = 0, *, out: torch.Tensor | None = None
