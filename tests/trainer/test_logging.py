@@ -58,8 +58,9 @@ def test_all_metrics_of_a_step_travel_in_one_collective() -> None:
     for result in results:
         steps = result["steps"]
         # One all_gather per training step (12 metrics), plus one per epoch end
-        # (train and validation), and nothing else: no barrier, no per-metric calls.
-        assert result["calls"] == {"all_gather": steps + 2}
+        # (train and validation), and nothing else: no barrier, no per-metric calls. The
+        # one all_reduce per step is the ranks' decision whether the step counts.
+        assert result["calls"] == {"all_gather": steps + 2, "all_reduce": steps}
         metrics = result["metrics"]
         assert metrics["m0"] == 0.5 and metrics["m9"] == 9.5
         assert metrics["rank_max"] == 1.0
@@ -137,3 +138,64 @@ def test_lightning_style_optimizer_config(tmp_path: Path) -> None:
     )
     trainer.fit(model, loader(16))
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**3)
+
+
+class StepAndEpoch(LinearModel):
+    """Logs ``train_loss`` per step and per epoch, as Lightning users often do."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self(x), y)
+        self.log("train_loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self(x), y)
+        self.log("val_loss", loss, on_step=True, on_epoch=True)
+
+
+def test_a_metric_logged_per_step_and_per_epoch_keeps_its_bare_name(tmp_path: Path) -> None:
+    checkpoint = accord.callbacks.ModelCheckpoint(monitor="train_loss", save_top_k=1)
+    stopping = accord.callbacks.EarlyStopping(monitor="train_loss", patience=1)
+    trainer = accord.Trainer(
+        accelerator="cpu",
+        max_epochs=3,
+        default_root_dir=tmp_path,
+        enable_progress_bar=False,
+        callbacks=[checkpoint, stopping],
+        log_every_n_steps=1,
+    )
+    trainer.fit(StepAndEpoch(), loader(32), loader(32, samples=64))
+    metrics = trainer.callback_metrics
+    # The bare name holds the epoch aggregate once the epoch has ended, as in Lightning.
+    assert {"train_loss", "train_loss_step", "train_loss_epoch"} <= set(metrics)
+    assert float(metrics["train_loss"]) == float(metrics["train_loss_epoch"])
+    # A validation step's value is not a callback metric; its epoch value is, under both names.
+    assert "val_loss_step" not in metrics
+    assert float(metrics["val_loss"]) == float(metrics["val_loss_epoch"])
+    assert checkpoint.best_model_score is not None
+    # The loggers and the progress bar see the suffixed names only.
+    assert {"train_loss_step", "train_loss_epoch", "val_loss_epoch"} <= set(
+        trainer.logged_metrics
+    )
+    assert "train_loss" not in trainer.logged_metrics
+    assert trainer.logged_metrics["train_loss_epoch"] == float(metrics["train_loss_epoch"])
+    assert set(trainer.progress_bar_metrics) == {"train_loss_step", "train_loss_epoch"}
+
+
+def test_logged_metrics_follow_log_every_n_steps(tmp_path: Path) -> None:
+    model = StepAndEpoch()
+    trainer = accord.Trainer(
+        accelerator="cpu",
+        max_steps=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        log_every_n_steps=2,
+    )
+    trainer.fit(model, loader(32))
+    # Steps 1 and 3 are not multiples of 2; step 2's value is the last one logged.
+    assert trainer.logged_metrics["train_loss_step"] != float(
+        trainer.callback_metrics["train_loss_step"]
+    )

@@ -4,6 +4,11 @@ Step values logged with ``sync_dist=True`` are stacked into one vector and gathe
 single ``all_gather``; each metric is then reduced locally with its own ``reduce_fx``.
 Epoch aggregates keep a running total and weight per rank and are synced the same way,
 once, at the end of the epoch, so an epoch mean is exact across ranks with unequal batches.
+
+Names follow Lightning: a value logged with both ``on_step`` and ``on_epoch`` is kept as
+``<name>_step`` and ``<name>_epoch``, and ``callback_metrics`` also holds it under the bare
+``<name>`` (the step value during a training epoch, the epoch aggregate once it ends), so a
+callback can monitor the name that was logged.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ class _Options:
     logger: bool
     reduce_fx: str
     sync_dist: bool
+    # The name as logged, when the key carries a _step/_epoch suffix.
+    bare: str | None = None
 
 
 @dataclass
@@ -44,6 +51,7 @@ class MetricStore:
     Attributes:
         callback_metrics: the latest value of every metric, for callbacks.
         progress_bar_metrics: the latest value of each ``prog_bar=True`` metric.
+        logged_metrics: the latest value of each metric handed to the loggers.
     """
 
     def __init__(self) -> None:
@@ -53,7 +61,10 @@ class MetricStore:
         self._epochs: dict[str, dict[str, _Aggregate]] = {}
         self.callback_metrics: dict[str, torch.Tensor] = {}
         self.progress_bar_metrics: dict[str, float] = {}
+        self.logged_metrics: dict[str, float] = {}
         self.collective_calls = 0
+        # A training step's epoch contributions wait until the ranks agree the step counts.
+        self._pending: list[tuple[str, _Options, float, float]] = []
 
     def log(
         self,
@@ -91,13 +102,33 @@ class MetricStore:
         training_step = self.in_step and self.stage == "train"
         step = training_step if on_step is None else on_step
         epoch = (not training_step) if on_epoch is None else on_epoch
-        options = _Options(prog_bar, logger, fx, sync_dist)
+        forked = step and epoch
         if step:
-            self._step[f"{name}_step" if epoch else name] = (options, number)
+            # As in Lightning, only a training step's value stands in for the bare name.
+            bare = name if forked and self.stage == "train" else None
+            options = _Options(prog_bar, logger, fx, sync_dist, bare)
+            self._step[f"{name}_step" if forked else name] = (options, number)
         if epoch:
-            key = f"{name}_epoch" if step else name
-            store = self._epochs.setdefault(self.stage, {})
-            _accumulate(store, key, options, float(number), float(batch_size or 1))
+            key = f"{name}_epoch" if forked else name
+            options = _Options(prog_bar, logger, fx, sync_dist, name if forked else None)
+            entry = (key, options, float(number), float(batch_size or 1))
+            if training_step:
+                self._pending.append(entry)
+            else:
+                _accumulate(self._epochs.setdefault(self.stage, {}), *entry)
+
+    def end_training_step(self, skipped: bool) -> None:
+        """Keep what the training step logged, or drop all of it when the step was skipped.
+
+        Every rank drops the same steps, so the next sync has the same metrics on each.
+        """
+        pending, self._pending = self._pending, []
+        if skipped:
+            self._step = {}
+            return
+        store = self._epochs.setdefault(self.stage, {})
+        for entry in pending:
+            _accumulate(store, *entry)
 
     def flush_step(self, strategy: Strategy) -> dict[str, float]:
         """Sync this step's values (one collective call if any asks for it) and return them."""
@@ -121,7 +152,8 @@ class MetricStore:
                 combined[key] = by_fx[options.reduce_fx][column]
         values = {k: combined[k] if k in combined else float(v) for k, (_, v) in items}
         opts = {k: o for k, (o, _) in items}
-        self._publish(values, opts)
+        # As in Lightning, an evaluation step's values reach the loggers, not the callbacks.
+        self._publish(values, opts, callbacks=self.stage == "train")
         return {k: v for k, v in values.items() if opts[k].logger}
 
     def flush_epoch(self, strategy: Strategy, stage: str) -> dict[str, float]:
@@ -148,9 +180,16 @@ class MetricStore:
         self._publish(values, {k: a.options for k, a in items})
         return {k: values[k] for k, a in items if a.options.logger}
 
-    def _publish(self, values: dict[str, float], options: dict[str, _Options]) -> None:
+    def _publish(
+        self, values: dict[str, float], options: dict[str, _Options], callbacks: bool = True
+    ) -> None:
         for key, number in values.items():
-            self.callback_metrics[key] = torch.tensor(number)
+            if callbacks:
+                tensor = torch.tensor(number)
+                self.callback_metrics[key] = tensor
+                bare = options[key].bare
+                if bare is not None:
+                    self.callback_metrics[bare] = tensor
             if options[key].prog_bar:
                 self.progress_bar_metrics[key] = number
 
@@ -158,6 +197,7 @@ class MetricStore:
         """Drop ``stage``'s unfinished aggregates and any unflushed step values."""
         self._epochs.pop(stage, None)
         self._step = {}
+        self._pending = []
 
 
 def _accumulate(

@@ -8,13 +8,20 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+)
 
 from accord.accelerators.accelerator import Accelerator, DevicesLike
 from accord.callbacks.callback import Callback
@@ -151,6 +158,11 @@ class Trainer:
         self._skip_batches = 0
         self._rng_epoch_start: torch.Tensor | None = None
         self._resume_rng: tuple[torch.Tensor | None, torch.Tensor] | None = None
+        # Whether this epoch's epoch-interval schedulers have stepped: a checkpoint taken at
+        # the end of an epoch but before they did (after validation) must step them on resume.
+        self._epoch_schedulers_stepped = False
+        self._window_has_backward = False
+        self._warned_all_skipped = False
 
     # ------------------------------------------------------------------ identity
     @property
@@ -197,6 +209,17 @@ class Trainer:
     def progress_bar_metrics(self) -> dict[str, float]:
         """The latest value of every ``prog_bar=True`` metric."""
         return self._metrics.progress_bar_metrics
+
+    @property
+    def logged_metrics(self) -> dict[str, float]:
+        """The latest value of every metric sent to the loggers (``logger=True``).
+
+        Names are as the loggers see them: a metric logged with ``on_step=True,
+        on_epoch=True`` appears as ``<name>_step`` and ``<name>_epoch``. Step values are
+        included every ``log_every_n_steps`` steps, as the loggers get them; the dict is
+        kept even when the Trainer has no logger.
+        """
+        return self._metrics.logged_metrics
 
     @property
     def checkpoint_callback(self) -> ModelCheckpoint | None:
@@ -281,6 +304,7 @@ class Trainer:
             "state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()},
             "callback_metrics": dict(self.callback_metrics),
             "progress_bar_metrics": dict(self.progress_bar_metrics),
+            "logged_metrics": dict(self.logged_metrics),
             "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks},
             "current_epoch": self.current_epoch,
             "global_step": self.global_step,
@@ -293,6 +317,7 @@ class Trainer:
         self._module.load_state_dict(payload["state_dict"])
         self._metrics.callback_metrics = payload["callback_metrics"]
         self._metrics.progress_bar_metrics = payload["progress_bar_metrics"]
+        self._metrics.logged_metrics = payload["logged_metrics"]
         for cb in self.callbacks:
             if cb.state_key in payload["callbacks"]:
                 cb.load_state_dict(payload["callbacks"][cb.state_key])
@@ -386,6 +411,7 @@ class Trainer:
 
     def _log(self, metrics: Mapping[str, float]) -> None:
         if metrics:
+            self._metrics.logged_metrics.update(metrics)
             for logger in self._rank_zero_loggers():
                 logger.log_metrics(metrics, self.global_step)
 
@@ -396,18 +422,22 @@ class Trainer:
         if kwargs is None or kwargs["num_replicas"] == 1 or not isinstance(loader, DataLoader):
             return loader
         if isinstance(loader.dataset, IterableDataset) or isinstance(
-            loader.sampler, DistributedSampler
+            _sampler_of(loader), DistributedSampler
         ):
             return loader
-        if (
-            loader.batch_sampler is not None
-            and type(loader.batch_sampler).__name__ != "BatchSampler"
-        ):
+        batch_sampler = loader.batch_sampler
+        if batch_sampler is not None and type(batch_sampler) is not BatchSampler:
             raise ConfigurationError(
-                f"The {stage} DataLoader uses a custom batch_sampler, which accord cannot shard "
-                "across ranks. Shard it yourself (give it a DistributedSampler)."
+                f"The {stage} DataLoader uses a custom batch_sampler "
+                f"({type(batch_sampler).__name__}), which accord cannot shard across ranks. "
+                "Shard it yourself: build it over a DistributedSampler(dataset, "
+                "num_replicas=trainer.world_size, rank=trainer.global_rank)."
             )
-        shuffle = stage == "train" and isinstance(loader.sampler, RandomSampler)
+        # A batch_sampler the user passed (batch_size is then None) keeps its batch size and
+        # drop_last; only the sampler inside it is replaced by this rank's shard.
+        given = batch_sampler if loader.batch_size is None else None
+        inner = given.sampler if given is not None else loader.sampler
+        shuffle = stage == "train" and isinstance(inner, RandomSampler)
         sampler: DistributedSampler[Any] = DistributedSampler(
             loader.dataset, shuffle=shuffle, drop_last=False, **kwargs
         )
@@ -417,14 +447,15 @@ class Trainer:
                 "prefetch_factor": loader.prefetch_factor,
                 "persistent_workers": loader.persistent_workers,
             }
+        if given is not None:
+            extra["batch_sampler"] = BatchSampler(sampler, given.batch_size, given.drop_last)
+        else:
+            extra.update(batch_size=loader.batch_size, sampler=sampler, drop_last=loader.drop_last)
         return DataLoader(
             loader.dataset,
-            batch_size=loader.batch_size,
-            sampler=sampler,
             num_workers=loader.num_workers,
             collate_fn=loader.collate_fn,
             pin_memory=loader.pin_memory,
-            drop_last=loader.drop_last,
             timeout=loader.timeout,
             worker_init_fn=loader.worker_init_fn,
             multiprocessing_context=loader.multiprocessing_context,
@@ -459,6 +490,8 @@ class Trainer:
         )
         self.num_training_batches = self._num_batches(train_loader, "train")
         self.should_stop = False
+        self._window_has_backward = False
+        self._warned_all_skipped = False
         self._call_callbacks("on_fit_start")
         model.on_fit_start()
         model.on_train_start()
@@ -468,11 +501,15 @@ class Trainer:
             self._metrics.stage = "train"
             self._call_callbacks("on_train_epoch_start")
             model.on_train_epoch_start()
+            self._epoch_schedulers_stepped = False
             self._train_epoch(train_loader, val_loader)
             model.on_train_epoch_end()
             self._log(self._metrics.flush_epoch(strategy, "train"))
+            # Before the callbacks, so a checkpoint saved at the end of the epoch holds the
+            # schedulers as the next epoch starts with them (as Lightning's does).
+            self._step_schedulers("epoch", self.current_epoch)
+            self._epoch_schedulers_stepped = True
             self._call_callbacks("on_train_epoch_end")
-            self._step_schedulers("epoch")
             self.current_epoch += 1
             self._batches_done = 0
             if self.should_stop:
@@ -511,6 +548,8 @@ class Trainer:
         accumulate = self.accumulate_grad_batches
         total = self.num_training_batches
         val_every = self._val_every(total)
+        multi_rank = strategy.world_size > 1
+        ran = skipped = 0
         for batch_idx, batch in self._epoch_batches(loader):
             batch = strategy.batch_to_device(batch)
             model.on_train_batch_start(batch, batch_idx)
@@ -521,12 +560,21 @@ class Trainer:
                     output = strategy.step(wrapped, "training_step", batch, batch_idx)
                 self._metrics.in_step = False
                 loss = _loss_of(output)
-                if loss is not None:
+                # A step one rank skips is skipped by all: a rank that went on to backward
+                # alone would wait for the others' gradients forever.
+                if multi_rank and strategy.reduce_boolean_decision(loss is None, all=False):
+                    loss = None
+                self._metrics.end_training_step(skipped=loss is None)
+                ran += 1
+                if loss is None:
+                    skipped += 1
+                else:
                     if accumulate > 1:
                         loss = loss / accumulate
                     model.on_before_backward(loss)
                     strategy.backward(loss, wrapped)
                     model.on_after_backward()
+                    self._window_has_backward = True
             if is_step:
                 self._optimizer_step()
             step_metrics = self._metrics.flush_step(strategy)
@@ -540,7 +588,18 @@ class Trainer:
                 model.train()
                 self._metrics.stage = "train"
             if self.should_stop or (self.max_steps != -1 and self.global_step >= self.max_steps):
-                return
+                break
+        if ran and skipped == ran and not self._warned_all_skipped:
+            self._warned_all_skipped = True
+            if self.is_global_zero:
+                warnings.warn(
+                    f"training_step returned None for every batch of epoch {self.current_epoch}"
+                    f"{' on at least one rank' if multi_rank else ''}, so nothing was trained. "
+                    "Return the loss (a tensor, or a dict with a 'loss' key); return None only "
+                    "to skip a batch on purpose.",
+                    UserWarning,
+                    stacklevel=2,
+                )
 
     def _val_every(self, total: int) -> int:
         interval = self.val_check_interval
@@ -558,32 +617,42 @@ class Trainer:
     def _optimizer_step(self) -> None:
         model, strategy, wrapped = self._module, self.strategy, self._wrapped
         assert model is not None and wrapped is not None
-        for optimizer in self._optimizers:
-            if self.gradient_clip_val is not None:
-                strategy.clip_gradients(wrapped, optimizer, self.gradient_clip_val)
-            else:
-                strategy.precision.unscale_gradients(optimizer)
-            model.on_before_optimizer_step(optimizer)
-            strategy.optimizer_step(optimizer, wrapped)
-            strategy.zero_grad(optimizer, wrapped)
+        # A window whose every batch was skipped has no gradients: nothing to apply. The
+        # step still counts, as in Lightning, so max_steps and step schedulers advance.
+        if self._window_has_backward:
+            for optimizer in self._optimizers:
+                if self.gradient_clip_val is not None:
+                    strategy.clip_gradients(wrapped, optimizer, self.gradient_clip_val)
+                else:
+                    strategy.precision.unscale_gradients(optimizer)
+                model.on_before_optimizer_step(optimizer)
+                strategy.optimizer_step(optimizer, wrapped)
+                strategy.zero_grad(optimizer, wrapped)
+        self._window_has_backward = False
         self.global_step += 1
-        self._step_schedulers("step")
+        self._step_schedulers("step", self.current_epoch)
 
-    def _step_schedulers(self, interval: str) -> None:
+    def _step_schedulers(
+        self, interval: str, epoch: int, monitored: Mapping[str, Any] | None = None
+    ) -> None:
+        """Step the ``interval`` schedulers due now; ``epoch`` is the epoch that ends.
+
+        ``monitored`` replaces ``callback_metrics`` as the source of monitored values (on
+        resume, the values saved with the checkpoint).
+        """
+        metrics = self.callback_metrics if monitored is None else monitored
+        count = self.global_step if interval == "step" else epoch + 1
         for config in self._schedulers:
-            if config["interval"] != interval:
-                continue
-            count = self.global_step if interval == "step" else self.current_epoch + 1
-            if count % config["frequency"]:
+            if config["interval"] != interval or count % config["frequency"]:
                 continue
             scheduler = config["scheduler"]
             monitor = config.get("monitor")
             if monitor is not None:
-                value = self.callback_metrics.get(monitor)
+                value = metrics.get(monitor)
                 if value is None:
                     raise ConfigurationError(
                         f"The LR scheduler monitors {monitor!r}, which was not logged. Logged: "
-                        f"{sorted(self.callback_metrics)}."
+                        f"{sorted(metrics)}."
                     )
                 scheduler.step(float(value))
             else:
@@ -658,12 +727,22 @@ class Trainer:
         if model is None or wrapped is None:
             raise ConfigurationError("save_checkpoint() works during a run (fit/validate/test).")
         strategy = self.strategy
+        epoch_finished = self._batches_done >= self.num_training_batches
+        monitors = {c["monitor"] for c in self._schedulers if c.get("monitor") is not None}
         checkpoint: dict[str, Any] = {
             "accord_checkpoint_version": _CHECKPOINT_VERSION,
             "epoch": self.current_epoch,
             "global_step": self.global_step,
             "batches_done": self._batches_done,
-            "epoch_finished": self._batches_done >= self.num_training_batches,
+            "epoch_finished": epoch_finished,
+            # Saved after the epoch's last batch but before its schedulers stepped (a save
+            # after validation): the resume steps them, with the values they monitor now.
+            "epoch_schedulers_pending": epoch_finished and not self._epoch_schedulers_stepped,
+            "scheduler_monitors": {
+                name: float(value)
+                for name, value in self.callback_metrics.items()
+                if name in monitors
+            },
             "state_dict": strategy.module_state_dict(wrapped),
             "optimizer_states": [strategy.optimizer_state_dict(o) for o in self._optimizers],
             "lr_schedulers": [c["scheduler"].state_dict() for c in self._schedulers],
@@ -721,13 +800,18 @@ class Trainer:
             self._schedulers, checkpoint.get("lr_schedulers", []), strict=False
         ):
             config["scheduler"].load_state_dict(state)
+        finished = bool(checkpoint.get("epoch_finished", True))
+        if finished and checkpoint.get("epoch_schedulers_pending", False):
+            self._step_schedulers(
+                "epoch", int(checkpoint["epoch"]), checkpoint.get("scheduler_monitors", {})
+            )
         strategy.precision.load_state_dict(checkpoint.get("precision", {}))
         for cb in self.callbacks:
             if cb.state_key in checkpoint.get("callbacks", {}):
                 cb.load_state_dict(checkpoint["callbacks"][cb.state_key])
         self.global_step = int(checkpoint["global_step"])
         epoch = int(checkpoint["epoch"])
-        if checkpoint.get("epoch_finished", True):
+        if finished:
             self.current_epoch = epoch + 1
             self._skip_batches = 0
             self._resume_rng = (None, checkpoint["rng"]) if "rng" in checkpoint else None
@@ -811,9 +895,15 @@ def _module_loader(model: Module, name: str, required: bool = True) -> Any:
     return None
 
 
+def _sampler_of(loader: Iterable[Any]) -> Any:
+    """The sampler that orders a loader's samples: inside a batch_sampler the user gave."""
+    if getattr(loader, "batch_size", 0) is None:
+        return getattr(getattr(loader, "batch_sampler", None), "sampler", None)
+    return getattr(loader, "sampler", None)
+
+
 def _set_epoch(loader: Iterable[Any], epoch: int) -> None:
-    sampler = getattr(loader, "sampler", None)
-    set_epoch = getattr(sampler, "set_epoch", None)
+    set_epoch = getattr(_sampler_of(loader), "set_epoch", None)
     if callable(set_epoch):
         set_epoch(epoch)
 
