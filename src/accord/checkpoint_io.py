@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import tempfile
 import zipfile
 from collections.abc import Callable
@@ -20,6 +21,11 @@ import torch
 from accord.errors import CheckpointError
 
 __all__ = ["load_checkpoint_file", "save_checkpoint_file", "write_bytes_atomically"]
+
+# torch.load names each global its weights-only unpickler refuses as "GLOBAL module.name".
+_REFUSED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+_ZIP_MAGIC = b"PK\x03\x04"
+_PICKLE_PROTO = b"\x80"
 
 
 def save_checkpoint_file(checkpoint: dict[str, Any], path: str | Path) -> Path:
@@ -88,16 +94,23 @@ def load_checkpoint_file(
             f"No checkpoint at {str(source)!r}. Check the path, or pass ckpt_path='last' to "
             "resume from the latest checkpoint."
         )
+    _check_header(source)
     try:
         loaded = torch.load(source, map_location=map_location, weights_only=weights_only)
     except pickle.UnpicklingError as err:
-        if weights_only and "weights_only" in str(err):
+        refused = _REFUSED_GLOBAL.findall(str(err))
+        if weights_only and refused:
             raise CheckpointError(
-                f"{str(source)!r} holds objects that weights_only=True refuses to unpickle "
-                f"({err}). If you trust the file, load it with weights_only=False."
+                f"{str(source)!r} holds objects that weights_only=True refuses to unpickle: "
+                f"{', '.join(sorted(set(refused)))}. Unpickling them would run their code. "
+                "Only if you trust the file and where it came from, load it with "
+                "weights_only=False."
             ) from err
-        raise CheckpointError(f"{str(source)!r} is corrupt or truncated: {err}") from err
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as err:
+        raise CheckpointError(
+            f"{str(source)!r} is not a checkpoint written by torch.save (or it is corrupt): "
+            f"{_unpickler_reason(err)}"
+        ) from err
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, KeyError) as err:
         raise CheckpointError(
             f"{str(source)!r} is not a readable checkpoint (corrupt or truncated?): {err}"
         ) from err
@@ -106,3 +119,38 @@ def load_checkpoint_file(
             f"{str(source)!r} holds a {type(loaded).__name__}, not a checkpoint dict."
         )
     return loaded
+
+
+def _check_header(source: Path) -> None:
+    """Refuse a file that is neither torch's zip format nor a pickle, before unpickling it."""
+    with source.open("rb") as handle:
+        head = handle.read(4)
+    if not head:
+        raise CheckpointError(f"{str(source)!r} is empty: not a checkpoint (a save cut short?).")
+    if head.startswith(_ZIP_MAGIC) or head.startswith(_PICKLE_PROTO):
+        return
+    what = "it holds text" if _looks_like_text(source) else "or it is corrupt: binary data"
+    raise CheckpointError(
+        f"{str(source)!r} is not a checkpoint ({what} starting {head!r}, not what torch.save "
+        "writes). Pass the path of a .ckpt file that accord or torch.save wrote."
+    )
+
+
+def _looks_like_text(source: Path) -> bool:
+    with source.open("rb") as handle:
+        sample = handle.read(512)
+    try:
+        sample.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _unpickler_reason(err: BaseException) -> str:
+    """The reason torch.load's unpickler gave, without its advice to drop weights_only."""
+    text = str(err)
+    _, found, reason = text.partition("WeightsUnpickler error:")
+    if found:
+        text = reason.partition("Check the documentation")[0]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__

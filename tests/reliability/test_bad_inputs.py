@@ -3,6 +3,7 @@ what was wrong and what to do — and none of them hangs."""
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 import sys
 from collections.abc import Callable
@@ -94,6 +95,24 @@ def _not_a_dict(tmp: Path) -> Path:
 def _opaque(tmp: Path) -> Path:
     path = tmp / "opaque.ckpt"
     torch.save({"thing": _Opaque()}, path)
+    return path
+
+
+def _text_file(tmp: Path) -> Path:
+    path = tmp / "notes.txt"
+    path.write_text("epoch 3: loss 0.12\nthis is not a checkpoint\n")
+    return path
+
+
+def _plain_pickle(tmp: Path) -> Path:
+    path = tmp / "plain.pkl"
+    path.write_bytes(pickle.dumps({"state_dict": {}}, protocol=4))
+    return path
+
+
+def _empty(tmp: Path) -> Path:
+    path = tmp / "empty.ckpt"
+    path.touch()
     return path
 
 
@@ -349,7 +368,25 @@ CASES: list[Case] = [
         "checkpoint-unsafe-objects",
         lambda t: load_checkpoint_file(_opaque(t)),
         CheckpointError,
-        r"weights_only=False",
+        r"refuses to unpickle: test_bad_inputs\._Opaque\. .*weights_only=False",
+    ),
+    (
+        "checkpoint-is-a-text-file",
+        lambda t: _fit(LinearModel(), t, ckpt_path=_text_file(t)),
+        CheckpointError,
+        r"^(?!.*weights_only).*is not a checkpoint \(it holds text",
+    ),
+    (
+        "checkpoint-is-a-plain-pickle",
+        lambda t: load_checkpoint_file(_plain_pickle(t)),
+        CheckpointError,
+        r"^(?!.*weights_only).*not a checkpoint written by torch.save",
+    ),
+    (
+        "checkpoint-empty-file",
+        lambda t: load_checkpoint_file(_empty(t)),
+        CheckpointError,
+        r"is empty",
     ),
     (
         "checkpoint-from-another-model",
