@@ -72,6 +72,7 @@ PUBLIC_MODULES = (
 SUBMODULES = (
     "accord.collectives.torch",
     "accord.collectives.deepspeed",
+    "accord.collectives.deepspeed_extension",
     "accord.collectives.horovod",
     "accord.collectives.xla",
     "accord.collectives.wrapper",
@@ -172,8 +173,9 @@ def runnable_examples() -> list[Any]:
 def _example_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _JOB_VARIABLES}
     env.pop("PYTHONPATH", None)
-    # As the Makefile does: DeepSpeed's extension is compiled once and then reused.
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache/accord/torch_extensions"))
+    # The Makefile's directory (.venv/torch_extensions): DeepSpeed's extension is compiled
+    # once per environment and then reused.
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
     return env
 
 

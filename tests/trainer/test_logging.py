@@ -176,9 +176,7 @@ def test_a_metric_logged_per_step_and_per_epoch_keeps_its_bare_name(tmp_path: Pa
     assert float(metrics["val_loss"]) == float(metrics["val_loss_epoch"])
     assert checkpoint.best_model_score is not None
     # The loggers and the progress bar see the suffixed names only.
-    assert {"train_loss_step", "train_loss_epoch", "val_loss_epoch"} <= set(
-        trainer.logged_metrics
-    )
+    assert {"train_loss_step", "train_loss_epoch", "val_loss_epoch"} <= set(trainer.logged_metrics)
     assert "train_loss" not in trainer.logged_metrics
     assert trainer.logged_metrics["train_loss_epoch"] == float(metrics["train_loss_epoch"])
     assert set(trainer.progress_bar_metrics) == {"train_loss_step", "train_loss_epoch"}

@@ -155,9 +155,14 @@ class DeepSpeedCollective(Collective):
         Arguments not given are read from ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``
         (default ``127.0.0.1``) and ``MASTER_PORT``. Calling it again is a no-op.
 
+        On a CPU machine, the first setup for a build directory compiles DeepSpeed's
+        shared-memory extension (`accord.collectives.deepspeed_extension`); rank zero prints
+        a notice first.
+
         Raises:
             MissingDependencyError: deepspeed is not installed.
             ConfigurationError: rank/world size/port settings that cannot form a group.
+            CollectiveError: a killed build left the extension's lock file behind.
         """
         if self._ready:
             return self
@@ -168,6 +173,12 @@ class DeepSpeedCollective(Collective):
 
         if not dist.is_available():
             raise CollectiveError("This torch build has no torch.distributed support.")
+        # DeepSpeed compiles its shared-memory extension silently on first use, and waits
+        # forever on a lock a killed build left behind: check first, and announce a build.
+        from accord.collectives.deepspeed_extension import prepare_shm_extension
+
+        own_rank = dist.get_rank() if dist.is_initialized() else _env_int("RANK", rank, default=0)
+        prepare_shm_extension(announce=own_rank == 0)
         if dist.is_initialized():
             # deepspeed.comm only wraps the existing default group here; it creates none.
             deepspeed.init_distributed(
