@@ -1,4 +1,11 @@
-"""`Precision`: the Trainer's ``precision=`` as autocast, gradient scaling and dtypes."""
+"""`Precision`: the Trainer's ``precision=`` as autocast, gradient scaling and dtypes.
+
+In the true-precision modes (``bf16-true``, ``16-true``) the module's parameters are
+converted once, when the strategy sets it up, and the floating-point tensors of every batch
+are converted on their way to the step (`Precision.convert_input`, called from
+``Strategy.batch_to_device``), so an ordinary float32 dataset meets parameters of its own
+dtype.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ class PrecisionMode(str, Enum):
     BF16_MIXED = "bf16-mixed"
     FP16_MIXED = "16-mixed"
     BF16_TRUE = "bf16-true"
+    FP16_TRUE = "16-true"
 
     def __str__(self) -> str:
         return self.value
@@ -30,7 +38,7 @@ class PrecisionMode(str, Enum):
         if isinstance(value, PrecisionMode):
             return value
         text = str(value).strip().lower()
-        aliases = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed", "16-true": None}
+        aliases = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed"}
         key = aliases.get(text, text)
         for mode in cls:
             if mode.value == key:
@@ -67,11 +75,30 @@ class Precision:
     @property
     def param_dtype(self) -> torch.dtype | None:
         """The dtype parameters are converted to, or None to keep them as they are."""
-        return torch.bfloat16 if self.mode is PrecisionMode.BF16_TRUE else None
+        return _TRUE_DTYPES.get(self.mode)
+
+    @property
+    def input_dtype(self) -> torch.dtype | None:
+        """The dtype `convert_input` gives floating-point batch tensors, or None to keep them.
+
+        The true modes compute in the parameters' dtype, so the batch must match it; the
+        mixed modes leave the batch to autocast.
+        """
+        return _TRUE_DTYPES.get(self.mode)
 
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
-        """Convert parameters where the mode asks for it (``bf16-true``)."""
+        """Convert parameters where the mode asks for it (``bf16-true``, ``16-true``)."""
         return module.to(self.param_dtype) if self.param_dtype is not None else module
+
+    def convert_input(self, batch: Any) -> Any:
+        """Cast the floating-point tensors of a nested batch to `input_dtype`.
+
+        Lists, tuples, named tuples and dicts keep their types; integer and bool tensors,
+        tensors already in the dtype and anything else are passed through as they are.
+        Where `input_dtype` is None the batch itself is returned, with no walk over it.
+        """
+        dtype = self.input_dtype
+        return batch if dtype is None else _cast_floating(batch, dtype)
 
     def forward_context(self) -> contextlib.AbstractContextManager[Any]:
         """Autocast for the mixed modes; a no-op context otherwise."""
@@ -108,3 +135,18 @@ class Precision:
 
     def __repr__(self) -> str:
         return f"Precision({self.mode.value!r})"
+
+
+_TRUE_DTYPES = {PrecisionMode.BF16_TRUE: torch.bfloat16, PrecisionMode.FP16_TRUE: torch.float16}
+
+
+def _cast_floating(batch: Any, dtype: torch.dtype) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(dtype) if batch.is_floating_point() else batch
+    if isinstance(batch, dict):
+        return type(batch)((key, _cast_floating(value, dtype)) for key, value in batch.items())
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(_cast_floating(value, dtype) for value in batch))
+    if isinstance(batch, list | tuple):
+        return type(batch)(_cast_floating(value, dtype) for value in batch)
+    return batch

@@ -186,6 +186,37 @@ def test_fits_under_horovodrun_match_one_device_and_agree(tmp_path: Path) -> Non
         torch.testing.assert_close(results[0][name]["weights"], reference, rtol=RTOL, atol=ATOL)
 
 
+def test_16_true_and_bf16_mixed_train_a_float32_dataset_and_the_ranks_agree(
+    tmp_path: Path,
+) -> None:
+    _run(2, [str(FIT), str(tmp_path), "precision"])
+    results = _ranks(tmp_path, 2)
+    # 16-true converts the parameters and the batches; bf16-mixed keeps both in float32
+    # and computes under autocast.
+    dtypes = {"16-true": torch.float16, "bf16-mixed": torch.float32}
+    for precision, dtype in dtypes.items():
+        for result in (per_rank[precision] for per_rank in results):
+            assert result["param_dtypes"] == {dtype}
+            assert result["batch_dtypes"] == {dtype}
+            assert result["global_step"] == 12  # 8 batches per rank and epoch, in pairs, 3 epochs
+            # Clipped at 0.5 with lr 0.1 a step moves the weights by 0.05 at most: compare
+            # the first epoch's losses with the third's.
+            losses = result["losses"]
+            assert sum(losses[-8:]) < 0.85 * sum(losses[:8]), (precision, losses)
+            torch.testing.assert_close(
+                result["weights"], results[0][precision]["weights"], rtol=0, atol=0
+            )
+
+
+def test_bf16_true_and_16_mixed_are_refused_with_what_works_instead() -> None:
+    # hvd.DistributedOptimizer would fail at the first backward pass on every rank: Horovod's
+    # ops have no bfloat16 kernel for the gradients.
+    with pytest.raises(ConfigurationError, match=r"bf16-true.*Horovod.*'bf16-mixed'.*'16-true'"):
+        accord.Trainer(strategy="horovod", precision="bf16-true", accelerator="cpu", logger=False)
+    with pytest.raises(ConfigurationError, match=r"needs a CUDA device.*'bf16-mixed'"):
+        accord.Trainer(strategy="horovod", precision="16-mixed", accelerator="cpu", logger=False)
+
+
 def test_plain_python_is_a_horovod_group_of_one(tmp_path: Path) -> None:
     _run(0, [str(FIT), str(tmp_path), "fit"])
     (run,) = (result["plain"] for result in _ranks(tmp_path, 1))

@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import accord
 from accord.collectives import TorchCollective
-from accord.errors import ConfigurationError
+from accord.collectives.torch import DEFAULT_RENDEZVOUS_TIMEOUT, rendezvous_timeout
+from accord.environments.local import find_free_port
+from accord.errors import CollectiveTimeoutError, ConfigurationError
+from accord.precision import PrecisionMode
 from accord.strategies import (
     DDPStrategy,
     DPStrategy,
     SingleDeviceStrategy,
     StrategyRegistry,
 )
+from accord.testing import run_distributed
 
 
 def _trainer(**kwargs: Any) -> accord.Trainer:
@@ -123,3 +131,181 @@ def test_fit_needs_an_accord_module() -> None:
 
     with pytest.raises(ConfigurationError, match=r"accord\.Module"):
         _trainer().fit(torch.nn.Linear(2, 2), [])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("precision", "mode"),
+    [
+        ("32-true", PrecisionMode.TRUE_32),
+        (32, PrecisionMode.TRUE_32),
+        ("bf16-mixed", PrecisionMode.BF16_MIXED),
+        ("bf16", PrecisionMode.BF16_MIXED),
+        ("bf16-true", PrecisionMode.BF16_TRUE),
+        ("16-true", PrecisionMode.FP16_TRUE),
+    ],
+)
+def test_precisions_that_run_on_cpu(precision: str | int, mode: PrecisionMode) -> None:
+    for strategy in ("single_device", "dp"):
+        assert _trainer(strategy=strategy, precision=precision).strategy.precision.mode is mode
+    assert _trainer(strategy="ddp", devices=2, precision=precision).strategy.precision.mode is mode
+
+
+@pytest.mark.parametrize("strategy", ["single_device", "dp", "ddp", "fsdp", "deepspeed"])
+def test_16_mixed_on_cpu_says_what_works_instead(strategy: str) -> None:
+    if strategy == "deepspeed":
+        pytest.importorskip("deepspeed", reason="needs deepspeed: pip install 'accord[deepspeed]'")
+    with pytest.raises(ConfigurationError, match=r"needs a CUDA device.*'bf16-mixed'"):
+        _trainer(strategy=strategy, devices=2 if strategy != "single_device" else 1, precision=16)
+
+
+# ------------------------------------------------------------ several machines
+FIT = Path(__file__).resolve().parents[1] / "strategies" / "scripts" / "fit.py"
+ROOT = Path(__file__).resolve().parents[2]
+# Variables that would tell the script where it sits in a job; the tests set their own.
+_JOB_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "ACCORD_RENDEZVOUS_TIMEOUT",
+)
+
+
+def _run_node(
+    tmp_path: Path, devices: int, env: dict[str, str], timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run ``fit.py`` as one node of a 2-node ddp job, as ``python fit.py`` in a shell would."""
+    child_env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in _JOB_VARIABLES and not key.startswith(("SLURM_", "TORCHELASTIC_"))
+    }
+    # Without the fix this run waits forever; the timeout turns a regression into a failure.
+    return subprocess.run(
+        [sys.executable, str(FIT), str(tmp_path), "ddp", str(devices), "2"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**child_env, **env},
+        cwd=ROOT,
+        check=False,
+    )
+
+
+def test_two_nodes_without_a_rendezvous_fail_at_once_and_say_how_to_start(
+    tmp_path: Path,
+) -> None:
+    result = _run_node(tmp_path, devices=2, env={}, timeout=60)
+    assert result.returncode != 0
+    assert "ConfigurationError" in result.stderr
+    message = result.stderr[result.stderr.index("ConfigurationError") :]
+    for name in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK"):
+        assert name in message
+    assert "NODE_RANK=1 python" in message and str(FIT.name) in message
+    assert "torchrun --nnodes 2 --node-rank 1 --nproc-per-node 2" in message
+    assert not list(tmp_path.iterdir())  # no rank trained
+
+
+@pytest.mark.parametrize(
+    ("env", "missing"),
+    [
+        ({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}, "NODE_RANK"),
+        ({"NODE_RANK": "1", "MASTER_PORT": "29500"}, "MASTER_ADDR"),
+        ({"NODE_RANK": "0", "MASTER_ADDR": "10.0.0.1"}, "MASTER_PORT"),
+    ],
+)
+def test_each_missing_variable_is_named(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], missing: str
+) -> None:
+    for name in _JOB_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigurationError, match=rf"{missing} is not set") as info:
+        _trainer(strategy="ddp", devices=2, num_nodes=2)
+    # What is set already appears in the command for the other node as it is.
+    for name, value in env.items():
+        if name != "NODE_RANK":
+            assert f"{name}={value}" in str(info.value)
+
+
+def test_a_node_rank_outside_the_job_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in _JOB_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.setenv("NODE_RANK", "2")
+    with pytest.raises(ConfigurationError, match=r"NODE_RANK=2.*num_nodes=2.*0 or 1"):
+        _trainer(strategy="ddp", devices=2, num_nodes=2)
+
+
+def _rendezvous_env(node_rank: int) -> dict[str, str]:
+    return {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(find_free_port()),
+        "NODE_RANK": str(node_rank),
+        "ACCORD_RENDEZVOUS_TIMEOUT": "3",
+    }
+
+
+def test_node_zero_alone_gives_up_and_names_the_ranks_that_did_not_come(
+    tmp_path: Path,
+) -> None:
+    # One process per node, so no local rank of this node can be late at the rendezvous.
+    env = _rendezvous_env(node_rank=0)
+    result = _run_node(tmp_path, devices=1, env=env)
+    assert result.returncode != 0
+    address = f"127.0.0.1:{env['MASTER_PORT']}"
+    assert f"rendezvous at {address}" in result.stderr, result.stderr[-3000:]
+    assert "rank 1 of 2 did not arrive within 3 s" in result.stderr
+    assert "ACCORD_RENDEZVOUS_TIMEOUT" in result.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_node_that_cannot_reach_node_zero_gives_up_and_names_the_address(
+    tmp_path: Path,
+) -> None:
+    env = _rendezvous_env(node_rank=1)
+    result = _run_node(tmp_path, devices=1, env=env)
+    assert result.returncode != 0
+    address = f"127.0.0.1:{env['MASTER_PORT']}"
+    assert f"could not reach the rendezvous at {address} within 3 s" in result.stderr, (
+        result.stderr[-3000:]
+    )
+    assert "node 0" in result.stderr
+
+
+def _join_a_group_of_four(rank: int, world_size: int) -> dict[str, Any]:
+    try:
+        TorchCollective("gloo").setup(rank=rank, world_size=4)
+    except CollectiveTimeoutError as err:
+        return {"missing": err.missing_ranks, "op": err.op, "message": str(err)}
+    return {"missing": None}
+
+
+def test_the_rendezvous_names_every_missing_rank_on_every_rank() -> None:
+    # Two real ranks of a group of four: ranks 2 and 3 never come. The wait is long enough
+    # for the second process to start on a busy machine, and far below the op timeout.
+    results = run_distributed(
+        _join_a_group_of_four, 2, env={"ACCORD_RENDEZVOUS_TIMEOUT": "10"}, timeout=120
+    )
+    for rank, result in enumerate(results):
+        assert result["missing"] == [2, 3]
+        assert result["op"] == "rendezvous"
+        assert f"Rank {rank} gave up waiting" in result["message"]
+        assert "ranks 2, 3 of 4 did not arrive within 10 s" in result["message"]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon"])
+def test_a_bad_rendezvous_timeout_is_refused(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("ACCORD_RENDEZVOUS_TIMEOUT", value)
+    with pytest.raises(ConfigurationError, match="ACCORD_RENDEZVOUS_TIMEOUT"):
+        rendezvous_timeout()
+    monkeypatch.setenv("ACCORD_RENDEZVOUS_TIMEOUT", "2.5")
+    assert rendezvous_timeout().total_seconds() == 2.5
+    monkeypatch.delenv("ACCORD_RENDEZVOUS_TIMEOUT")
+    assert rendezvous_timeout() == DEFAULT_RENDEZVOUS_TIMEOUT

@@ -18,9 +18,10 @@ How the Trainer's loop maps onto the engine:
   every other strategy;
 - gradient clipping: ``Trainer(gradient_clip_val=...)`` becomes the config's
   ``gradient_clipping``, applied inside ``engine.step()``;
-- precision: ``"16-mixed"`` enables DeepSpeed's ``fp16``, ``"bf16-mixed"`` and
-  ``"bf16-true"`` its ``bf16``; the engine casts the model and keeps fp32 master weights,
-  and the strategy casts floating-point batch tensors to the model's dtype;
+- precision: ``"16-mixed"`` and ``"16-true"`` enable DeepSpeed's ``fp16`` (CUDA only),
+  ``"bf16-mixed"`` and ``"bf16-true"`` its ``bf16``; the engine casts the model and keeps
+  fp32 master weights, and the strategy casts floating-point batch tensors to the model's
+  dtype;
 - checkpoints: ``engine.save_checkpoint`` writes one directory per checkpoint (every rank
   its own shard); the Trainer's other state (loop position, callbacks, schedulers, RNG)
   travels as the engine's client state. A save writes a tag directory the checkpoint's
@@ -59,7 +60,6 @@ from accord.strategies.launchers.multiprocessing import MultiprocessingLauncher
 from accord.strategies.launchers.subprocess_script import SubprocessScriptLauncher
 from accord.strategies.parallel import ParallelStrategy
 from accord.strategies.step_module import StepModule
-from accord.strategies.strategy import move_to_device
 
 __all__ = ["DeepSpeedPrecision", "DeepSpeedStrategy", "consolidate_deepspeed_checkpoint"]
 
@@ -107,12 +107,18 @@ class DeepSpeedPrecision(Precision):
         self.scaler = None
 
     @property
+    @override
     def input_dtype(self) -> torch.dtype | None:
-        """The dtype the engine's model computes in, or None for fp32."""
+        """The dtype the engine's model computes in, or None for fp32.
+
+        The engine casts the model in the mixed modes too, so their batches are cast as
+        well (`convert_input`, inherited, called from ``Strategy.batch_to_device``).
+        """
         return {
             PrecisionMode.FP16_MIXED: torch.float16,
             PrecisionMode.BF16_MIXED: torch.bfloat16,
             PrecisionMode.BF16_TRUE: torch.bfloat16,
+            PrecisionMode.FP16_TRUE: torch.float16,
         }.get(self.mode)
 
     @property
@@ -136,21 +142,6 @@ class DeepSpeedPrecision(Precision):
     @contextlib.contextmanager
     def forward_context(self) -> Any:
         yield
-
-    def convert_input(self, batch: Any) -> Any:
-        """Cast the floating-point tensors of a nested batch to `input_dtype`."""
-        dtype = self.input_dtype
-        if dtype is None:
-            return batch
-        if isinstance(batch, torch.Tensor):
-            return batch.to(dtype) if batch.is_floating_point() else batch
-        if isinstance(batch, dict):
-            return type(batch)((key, self.convert_input(value)) for key, value in batch.items())
-        if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-            return type(batch)(*(self.convert_input(value) for value in batch))
-        if isinstance(batch, list | tuple):
-            return type(batch)(self.convert_input(value) for value in batch)
-        return batch
 
     @override
     def __repr__(self) -> str:
@@ -416,10 +407,6 @@ class DeepSpeedStrategy(ParallelStrategy):
             config.setdefault(wanted, {})["enabled"] = True
 
     # ------------------------------------------------------------ training step
-    @override
-    def batch_to_device(self, batch: Any) -> Any:
-        return self.precision.convert_input(move_to_device(batch, self.root_device))
-
     @override
     def step(self, model: nn.Module, name: str, *args: Any) -> Any:
         return self._ensure_engine()(name, *args)

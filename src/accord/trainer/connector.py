@@ -16,7 +16,9 @@ from accord.environments.slurm import SLURMEnvironment
 from accord.environments.torchelastic import TorchElasticEnvironment
 from accord.errors import ConfigurationError
 from accord.precision import Precision, PrecisionMode
+from accord.strategies.deepspeed import DeepSpeedStrategy
 from accord.strategies.dp import DPStrategy
+from accord.strategies.horovod import HorovodStrategy
 from accord.strategies.parallel import ParallelStrategy
 from accord.strategies.registry import StrategyRegistry
 from accord.strategies.single_device import SingleDeviceStrategy
@@ -98,10 +100,7 @@ def connect(
             f"got accelerator={accel.name!r}. Pass one of them only."
         )
     mode = PrecisionMode.parse(precision)
-    if mode is PrecisionMode.FP16_MIXED and parallel_devices[0].type == "cpu":
-        raise ConfigurationError(
-            "precision='16-mixed' needs a CUDA device; on CPU use precision='bf16-mixed'."
-        )
+    _check_precision(built, mode, parallel_devices[0])
     built.precision = Precision(mode, parallel_devices[0])
 
     if isinstance(built, SingleDeviceStrategy):
@@ -132,6 +131,33 @@ def connect(
     _check_device_kind(built, accel)
     built._configure_launcher()
     return built
+
+
+def _check_precision(strategy: Strategy, mode: PrecisionMode, device: torch.device) -> None:
+    """Refuse a precision the strategy's backend cannot run, before any process starts."""
+    if mode is PrecisionMode.FP16_MIXED and device.type == "cpu":
+        raise ConfigurationError(
+            "precision='16-mixed' needs a CUDA device; on CPU use precision='bf16-mixed'."
+        )
+    if (
+        mode is PrecisionMode.FP16_TRUE
+        and device.type == "cpu"
+        and isinstance(strategy, DeepSpeedStrategy)
+    ):
+        # The engine would raise "Type fp16 is not supported on your device" only once
+        # every rank has started.
+        raise ConfigurationError(
+            "precision='16-true' runs DeepSpeed's fp16 engine, which needs a CUDA device; "
+            "on CPU use precision='bf16-true' or 'bf16-mixed'."
+        )
+    if mode is PrecisionMode.BF16_TRUE and isinstance(strategy, HorovodStrategy):
+        # hvd.DistributedOptimizer reduces gradients with Horovod's own ops, which have no
+        # bfloat16 kernel: the first backward pass would fail on every rank.
+        raise ConfigurationError(
+            "precision='bf16-true' gives bfloat16 gradients, which Horovod cannot reduce "
+            "(its ops have no bfloat16 kernel). Use precision='bf16-mixed' (float32 weights "
+            "and gradients) or '16-true' with strategy='horovod'."
+        )
 
 
 def _check_device_kind(strategy: Strategy, accel: Accelerator) -> None:
