@@ -186,14 +186,14 @@ def test_fits_under_horovodrun_match_one_device_and_agree(tmp_path: Path) -> Non
         torch.testing.assert_close(results[0][name]["weights"], reference, rtol=RTOL, atol=ATOL)
 
 
-def test_16_true_and_bf16_mixed_train_a_float32_dataset_and_the_ranks_agree(
+def test_true_and_mixed_precisions_train_a_float32_dataset_and_the_ranks_agree(
     tmp_path: Path,
 ) -> None:
     _run(2, [str(FIT), str(tmp_path), "precision"])
     results = _ranks(tmp_path, 2)
-    # 16-true converts the parameters and the batches; bf16-mixed keeps both in float32
-    # and computes under autocast.
-    dtypes = {"16-true": torch.float16, "bf16-mixed": torch.float32}
+    # The true modes convert the parameters and the batches; bf16-mixed keeps both in
+    # float32 and computes under autocast.
+    dtypes = {"bf16-true": torch.bfloat16, "16-true": torch.float16, "bf16-mixed": torch.float32}
     for precision, dtype in dtypes.items():
         for result in (per_rank[precision] for per_rank in results):
             assert result["param_dtypes"] == {dtype}
@@ -208,11 +208,7 @@ def test_16_true_and_bf16_mixed_train_a_float32_dataset_and_the_ranks_agree(
             )
 
 
-def test_bf16_true_and_16_mixed_are_refused_with_what_works_instead() -> None:
-    # hvd.DistributedOptimizer would fail at the first backward pass on every rank: Horovod's
-    # ops have no bfloat16 kernel for the gradients.
-    with pytest.raises(ConfigurationError, match=r"bf16-true.*Horovod.*'bf16-mixed'.*'16-true'"):
-        accord.Trainer(strategy="horovod", precision="bf16-true", accelerator="cpu", logger=False)
+def test_16_mixed_is_refused_on_cpu_with_what_works_instead() -> None:
     with pytest.raises(ConfigurationError, match=r"needs a CUDA device.*'bf16-mixed'"):
         accord.Trainer(strategy="horovod", precision="16-mixed", accelerator="cpu", logger=False)
 

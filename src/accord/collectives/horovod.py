@@ -187,8 +187,16 @@ class HorovodCollective(Collective):
         those zero tensors (a CUDA device, or CPU by default).
         """
         self._require_setup("join")
+        hvd = _hvd()
         index = device.index if device is not None and device.type == "cuda" else None
-        return int(_hvd().join(-1 if index is None else index))
+        last = int(hvd.join(-1 if index is None else index))
+        # The ranks that had data ran ops this rank answered with zeros without counting
+        # them (the Trainer's per-step decision, say): all continue from the highest count,
+        # so the next op has the same name everywhere.
+        count = torch.tensor([next(self._calls)], dtype=torch.int64)
+        top = hvd.allreduce(count, op=hvd.Max, name="accord.join.counter")
+        self._calls = itertools.count(int(top.item()) + 1)
+        return last
 
     # ---------------------------------------------------------------- primitives
     def _name(self, op: str) -> str:

@@ -57,7 +57,7 @@ from accord.errors import ConfigurationError, MissingDependencyError
 from accord.precision import Precision
 from accord.strategies.parallel import ParallelStrategy
 
-__all__ = ["HorovodStrategy", "launched_by_horovod"]
+__all__ = ["BFloat16AsFloat32", "HorovodStrategy", "launched_by_horovod"]
 
 # What horovodrun (gloo) or mpirun (Open MPI, MPICH/PMI) set in each process it starts.
 _RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
@@ -230,6 +230,10 @@ class HorovodStrategy(ParallelStrategy):
             )
 
     @override
+    def validate_cluster(self, num_devices: int, num_nodes: int) -> None:
+        """Nothing to check here: horovodrun forms the group (see `_configure_launcher`)."""
+
+    @override
     def configure_ranks(self) -> None:
         """Nothing to do: Horovod assigns ranks and the world size."""
 
@@ -277,6 +281,8 @@ class HorovodStrategy(ParallelStrategy):
         }
         if self.compression is not None:
             kwargs["compression"] = self.compression
+        elif any(p.dtype == torch.bfloat16 for _, p in named):
+            kwargs["compression"] = BFloat16AsFloat32
         wrapped: list[torch.optim.Optimizer] = []
         for index, optimizer in enumerate(optimizers):
             names = _parameter_names(optimizer, named, index)
@@ -423,6 +429,27 @@ class HorovodStrategy(ParallelStrategy):
         settings = self.collective.broadcast_object(settings, src)
         for group, values in zip(optimizer.param_groups, settings, strict=True):
             group.update(values)
+
+
+class BFloat16AsFloat32:
+    """A Horovod gradient compression that sends bfloat16 gradients as float32.
+
+    Horovod's reductions have no bfloat16 kernel, so ``bf16-true`` gradients travel as
+    float32 and come back as bfloat16; other dtypes pass unchanged. `HorovodStrategy`
+    uses it when the module has bfloat16 parameters and no ``compression`` was given.
+    """
+
+    @staticmethod
+    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.dtype | None]:
+        """The tensor to reduce, and the dtype to give the result back in (or None)."""
+        if tensor.dtype == torch.bfloat16:
+            return tensor.to(torch.float32), torch.bfloat16
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx: torch.dtype | None) -> torch.Tensor:
+        """Undo `compress`."""
+        return tensor if ctx is None else tensor.to(ctx)
 
 
 @contextlib.contextmanager

@@ -56,6 +56,14 @@ class ParallelStrategy(Strategy):
     def distributed_sampler_kwargs(self) -> dict[str, int] | None:
         return {"num_replicas": self.world_size, "rank": self.global_rank}
 
+    def validate_cluster(self, num_devices: int, num_nodes: int) -> None:
+        """Refuse a job the cluster environment cannot form, before any process starts.
+
+        Strategies whose own launcher forms the group (Horovod) override it.
+        """
+        if self.cluster_environment is not None:
+            self.cluster_environment.validate_settings(num_devices, num_nodes)
+
     def configure_ranks(self) -> None:
         """Tell the cluster environment the world size and this process's rank."""
         env = self.cluster_environment

@@ -18,7 +18,6 @@ from accord.errors import ConfigurationError
 from accord.precision import Precision, PrecisionMode
 from accord.strategies.deepspeed import DeepSpeedStrategy
 from accord.strategies.dp import DPStrategy
-from accord.strategies.horovod import HorovodStrategy
 from accord.strategies.parallel import ParallelStrategy
 from accord.strategies.registry import StrategyRegistry
 from accord.strategies.single_device import SingleDeviceStrategy
@@ -121,7 +120,7 @@ def connect(
     elif isinstance(built, ParallelStrategy):
         if built.cluster_environment is None:
             built.cluster_environment = env
-        built.cluster_environment.validate_settings(len(device_ids), num_nodes)
+        built.validate_cluster(len(device_ids), num_nodes)
         if built.parallel_devices is None:
             built.parallel_devices = parallel_devices
         built.num_nodes = num_nodes
@@ -149,14 +148,6 @@ def _check_precision(strategy: Strategy, mode: PrecisionMode, device: torch.devi
         raise ConfigurationError(
             "precision='16-true' runs DeepSpeed's fp16 engine, which needs a CUDA device; "
             "on CPU use precision='bf16-true' or 'bf16-mixed'."
-        )
-    if mode is PrecisionMode.BF16_TRUE and isinstance(strategy, HorovodStrategy):
-        # hvd.DistributedOptimizer reduces gradients with Horovod's own ops, which have no
-        # bfloat16 kernel: the first backward pass would fail on every rank.
-        raise ConfigurationError(
-            "precision='bf16-true' gives bfloat16 gradients, which Horovod cannot reduce "
-            "(its ops have no bfloat16 kernel). Use precision='bf16-mixed' (float32 weights "
-            "and gradients) or '16-true' with strategy='horovod'."
         )
 
 

@@ -8,7 +8,8 @@ Scenarios: ``fit`` (plain, accumulated and clipped fits), ``resume`` (a checkpoi
 mid-fit and resumed), ``agree`` (EarlyStopping and the strategy's helpers across ranks),
 ``uneven`` (ranks with different numbers of batches, which `hvd.join` absorbs),
 ``dtypes`` (the collective on dtypes Horovod's own ops lack, beyond the conformance suite),
-and ``precision`` (a float32 dataset trained with ``"16-true"`` and ``"bf16-mixed"``).
+and ``precision`` (a float32 dataset trained with ``"bf16-true"``, ``"16-true"`` and
+``"bf16-mixed"``).
 """
 
 from __future__ import annotations
@@ -229,10 +230,10 @@ class DtypeRecorder(LinearModel):
 
 
 def scenario_precision(out: Path) -> dict[str, Any]:
-    # Not bf16-true: Horovod's ops reduce float16 and float32 gradients but have no bfloat16
-    # kernel, so the Trainer refuses bf16-true with Horovod (test_horovod.py checks that).
+    # bf16-true: Horovod's ops have no bfloat16 kernel; the strategy sends those gradients
+    # as float32 (BFloat16AsFloat32).
     results: dict[str, Any] = {}
-    for precision in ("16-true", "bf16-mixed"):
+    for precision in ("bf16-true", "16-true", "bf16-mixed"):
         model = DtypeRecorder()
         trainer = _trainer(
             max_epochs=3, precision=precision, accumulate_grad_batches=2, gradient_clip_val=0.5
