@@ -309,3 +309,22 @@ def test_a_bad_rendezvous_timeout_is_refused(monkeypatch: pytest.MonkeyPatch, va
     assert rendezvous_timeout().total_seconds() == 2.5
     monkeypatch.delenv("ACCORD_RENDEZVOUS_TIMEOUT")
     assert rendezvous_timeout() == DEFAULT_RENDEZVOUS_TIMEOUT
+
+
+def test_a_strategy_instance_keeps_its_own_precision() -> None:
+    from accord.precision import Precision
+    from accord.strategies import SingleDeviceStrategy
+
+    strategy = SingleDeviceStrategy(precision=Precision("bf16-mixed"))
+    trainer = accord.Trainer(strategy=strategy, accelerator="cpu", logger=False)
+    assert trainer.strategy.precision.mode is PrecisionMode.BF16_MIXED
+    # Both set and the same: fine; both set and different: say so, do not pick one.
+    same = SingleDeviceStrategy(precision=Precision("bf16-mixed"))
+    accord.Trainer(strategy=same, precision="bf16-mixed", accelerator="cpu", logger=False)
+    other = SingleDeviceStrategy(precision=Precision("bf16-mixed"))
+    with pytest.raises(ConfigurationError, match=r"built with precision 'bf16-mixed'.*'32-true'"):
+        accord.Trainer(strategy=other, precision="32-true", accelerator="cpu", logger=False)
+    # A strategy without a Precision of its own follows the Trainer.
+    plain = SingleDeviceStrategy()
+    trained = accord.Trainer(strategy=plain, precision="bf16-true", accelerator="cpu", logger=False)
+    assert trained.strategy.precision.mode is PrecisionMode.BF16_TRUE

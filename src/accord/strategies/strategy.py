@@ -42,7 +42,9 @@ class Strategy(ABC):
         accelerator: the device kind; the Trainer fills it in when omitted.
         collective: the collective to communicate with; default: `default_collective()`.
         cluster_environment: where ranks and the rendezvous address come from.
-        precision: the `Precision` to train in; default ``32-true``.
+        precision: the `Precision` to train in; default ``32-true``, or the Trainer's
+            ``precision=``. Given here, it wins over the Trainer's default, and a Trainer
+            that asks for another precision is a `ConfigurationError`.
         debug: check before every collective call that all ranks make the same call
             (`DebugCollective`); also on when ``ACCORD_DEBUG_COLLECTIVES=1``.
 
@@ -63,6 +65,8 @@ class Strategy(ABC):
         self.accelerator = accelerator
         self.cluster_environment = cluster_environment
         self.precision = precision if precision is not None else Precision()
+        # A precision given here wins over the Trainer's default (see `connect`).
+        self.precision_given = precision is not None
         self.debug = debug
         self.collective_stats: CollectiveStats | None = None
         self._given_collective = collective

@@ -44,7 +44,7 @@ def connect(
     accelerator: str | Accelerator = "auto",
     devices: DevicesLike = "auto",
     num_nodes: int = 1,
-    precision: str | int = "32-true",
+    precision: str | int | None = None,
 ) -> Strategy:
     """Build and configure the strategy the arguments describe.
 
@@ -98,9 +98,11 @@ def connect(
             f"The strategy was built for accelerator {built.accelerator.name!r} but the Trainer "
             f"got accelerator={accel.name!r}. Pass one of them only."
         )
-    mode = PrecisionMode.parse(precision)
+    mode = _precision_mode(built, precision)
     _check_precision(built, mode, parallel_devices[0])
-    built.precision = Precision(mode, parallel_devices[0])
+    own = built.precision
+    if not built.precision_given or own.device_type != parallel_devices[0].type:
+        built.precision = Precision(mode, parallel_devices[0])
 
     if isinstance(built, SingleDeviceStrategy):
         if len(device_ids) > 1 or num_nodes > 1:
@@ -130,6 +132,21 @@ def connect(
     _check_device_kind(built, accel)
     built._configure_launcher()
     return built
+
+
+def _precision_mode(strategy: Strategy, precision: str | int | None) -> PrecisionMode:
+    """The Trainer's ``precision=``, or the strategy's own; both set and different: an error."""
+    asked = PrecisionMode.parse(precision) if precision is not None else None
+    if not strategy.precision_given:
+        return asked or PrecisionMode.TRUE_32
+    own = strategy.precision.mode
+    if asked is not None and asked is not own:
+        raise ConfigurationError(
+            f"The strategy was built with precision {own.value!r} but the Trainer got "
+            f"precision={asked.value!r}. Set it in one place: drop precision= from the "
+            "Trainer, or build the strategy without a Precision."
+        )
+    return own
 
 
 def _check_precision(strategy: Strategy, mode: PrecisionMode, device: torch.device) -> None:

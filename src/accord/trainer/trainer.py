@@ -50,7 +50,9 @@ class Trainer:
             `StrategyRegistry`), a `Strategy` instance, or ``"auto"``.
         devices: devices (processes, on CPU) per node: a count, ``"auto"``, ``-1`` or indices.
         num_nodes: machines taking part.
-        precision: ``"32-true"``, ``"bf16-mixed"``, ``"16-mixed"`` (CUDA) or ``"bf16-true"``.
+        precision: ``"32-true"`` (the default, unless a `Strategy` instance brings its own
+            `Precision`), ``"bf16-mixed"``, ``"16-mixed"`` (CUDA), ``"bf16-true"`` or
+            ``"16-true"``.
         max_epochs: stop after this many epochs (default 1000 when ``max_steps`` is unset).
         max_steps: stop after this many optimizer steps (``-1``: no limit).
         limit_train_batches, limit_val_batches, limit_test_batches, limit_predict_batches:
@@ -79,7 +81,7 @@ class Trainer:
         strategy: str | Strategy = "auto",
         devices: DevicesLike = "auto",
         num_nodes: int = 1,
-        precision: str | int = "32-true",
+        precision: str | int | None = None,
         max_epochs: int | None = None,
         max_steps: int = -1,
         limit_train_batches: int | float | None = None,
