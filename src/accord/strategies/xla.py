@@ -45,6 +45,8 @@ from accord.strategies.parallel import ParallelStrategy
 from accord.strategies.single_device import SingleDeviceStrategy
 from accord.strategies.strategy import Strategy, move_to_device
 
+_NARROW = (torch.bfloat16, torch.float16)
+
 __all__ = ["SingleDeviceXLAStrategy", "XLAStrategy"]
 
 GradientSync = Literal["native", "collective"]
@@ -116,7 +118,18 @@ class _XLATraining(Strategy):
             else:
                 import torch_xla.core.xla_model as xm
 
-                xm.reduce_gradients(optimizer)
+                if any(grad.dtype in _NARROW for grad in gradients):
+                    # XLA's CPU runtime has no bfloat16/float16 all-reduce: those gradients
+                    # are averaged as float32, then given back in their own dtype.
+                    params = [p for g in optimizer.param_groups for p in g["params"]]
+                    params = [p for p in params if p.grad is not None]
+                    wide = [p.grad.to(torch.float32) for p in params]
+                    xm.all_reduce(xm.REDUCE_SUM, wide, scale=1.0 / self.world_size)
+                    for param, averaged in zip(params, wide, strict=True):
+                        param.grad = averaged.to(param.dtype)
+                    gradients = self._gradients(optimizer)
+                else:
+                    xm.reduce_gradients(optimizer)
                 launch(gradients)
         self._reduced.add(id(optimizer))
 
