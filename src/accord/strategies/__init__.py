@@ -8,7 +8,7 @@ from accord.strategies.parallel import ParallelStrategy
 from accord.strategies.registry import StrategyEntry, StrategyRegistry
 from accord.strategies.single_device import SingleDeviceStrategy
 from accord.strategies.step_module import StepModule
-from accord.strategies.strategy import Strategy
+from accord.strategies.strategy import RunSettings, Strategy
 from accord.strategies.xla import SingleDeviceXLAStrategy, XLAStrategy
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "DeepSpeedStrategy",
     "FSDPStrategy",
     "ParallelStrategy",
+    "RunSettings",
     "SingleDeviceStrategy",
     "SingleDeviceXLAStrategy",
     "StepModule",

@@ -332,17 +332,10 @@ class DeepSpeedStrategy(ParallelStrategy):
     def _ensure_engine(self) -> Any:
         return self._engine if self._engine is not None else self._init_engine(None)
 
-    def _trainer_settings(self) -> tuple[int, float | None]:
-        """``accumulate_grad_batches`` and ``gradient_clip_val`` of the Trainer running the model."""
-        assert self._step_module is not None
-        trainer = getattr(self._step_module.module, "_trainer", None)
-        if trainer is None:
-            return 1, None
-        return int(trainer.accumulate_grad_batches), trainer.gradient_clip_val
-
     def _training_config(self) -> dict[str, Any]:
         config = copy.deepcopy(self.config)
-        accumulate, clip = self._trainer_settings()
+        accumulate = self.run_settings.accumulate_grad_batches
+        clip = self.run_settings.gradient_clip_val
         if "train_micro_batch_size_per_gpu" not in config and "train_batch_size" not in config:
             config["train_micro_batch_size_per_gpu"] = 1
         steps = config.get("gradient_accumulation_steps")

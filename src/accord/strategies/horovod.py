@@ -153,7 +153,7 @@ class HorovodStrategy(ParallelStrategy):
         self._optimizers: list[torch.optim.Optimizer] = []
         self._synchronized: set[int] = set()
         self._window_ends = True
-        self._batch_idx = -1
+        self._last_batch = False
         self._steps_this_epoch = 0
 
     @override
@@ -271,7 +271,7 @@ class HorovodStrategy(ParallelStrategy):
         learning-rate schedulers built on the original still change its learning rates.
         """
         hvd = _hvd()
-        passes = self._backward_passes(module)
+        passes = self._backward_passes()
         named = list(self.unwrap(module).named_parameters())
         kwargs: dict[str, Any] = {
             "backward_passes_per_step": passes,
@@ -294,9 +294,8 @@ class HorovodStrategy(ParallelStrategy):
         self._steps_this_epoch = 0
         return wrapped
 
-    def _backward_passes(self, module: nn.Module) -> int:
-        trainer = getattr(self.unwrap(module), "_trainer", None)
-        accumulate = int(getattr(trainer, "accumulate_grad_batches", 1))
+    def _backward_passes(self) -> int:
+        accumulate = self.run_settings.accumulate_grad_batches
         passes = self.backward_passes_per_step
         if passes is None:
             return accumulate
@@ -319,10 +318,9 @@ class HorovodStrategy(ParallelStrategy):
 
     # ------------------------------------------------------------ training step
     @override
-    def step(self, model: nn.Module, name: str, *args: Any) -> Any:
-        if name == "training_step" and len(args) > 1 and isinstance(args[1], int):
-            self._batch_idx = args[1]
-        return super().step(model, name, *args)
+    def on_train_batch_start(self, batch_idx: int, last: bool) -> None:
+        """Note whether this is the epoch's last batch: its optimizer step then joins."""
+        self._last_batch = last
 
     @override
     def no_backward_sync(
@@ -362,18 +360,13 @@ class HorovodStrategy(ParallelStrategy):
             super().optimizer_step(optimizer, module)
         if not self._optimizers or optimizer is self._optimizers[-1]:
             self._steps_this_epoch += 1
-            if self._is_last_training_batch(module):
+            if self._last_batch:
                 self._join_after_last_batch(module)
 
     @override
     def zero_grad(self, optimizer: torch.optim.Optimizer, module: nn.Module) -> None:
         # DistributedOptimizer.zero_grad() takes no arguments; it sets gradients to None.
         optimizer.zero_grad()
-
-    def _is_last_training_batch(self, module: nn.Module) -> bool:
-        trainer = getattr(self.unwrap(module), "_trainer", None)
-        total = getattr(trainer, "num_training_batches", None)
-        return isinstance(total, int) and self._batch_idx + 1 == total
 
     # ------------------------------------------------------------------ uneven data
     def join(self) -> int:

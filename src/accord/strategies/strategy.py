@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -30,9 +31,25 @@ from accord.precision import Precision
 if TYPE_CHECKING:
     from accord.strategies.launchers.launcher import Launcher
 
-__all__ = ["Strategy"]
+__all__ = ["RunSettings", "Strategy"]
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What the Trainer decided for a run that a strategy may need to know.
+
+    The Trainer hands it over with `Strategy.configure_run` before it sets the module up,
+    so a strategy never reads the Trainer itself.
+
+    Attributes:
+        accumulate_grad_batches: batches whose gradients add up to one optimizer step.
+        gradient_clip_val: the total gradient norm to clip to, or None.
+    """
+
+    accumulate_grad_batches: int = 1
+    gradient_clip_val: float | None = None
 
 
 class Strategy(ABC):
@@ -68,6 +85,7 @@ class Strategy(ABC):
         # A precision given here wins over the Trainer's default (see `connect`).
         self.precision_given = precision is not None
         self.debug = debug
+        self.run_settings = RunSettings()
         self.collective_stats: CollectiveStats | None = None
         self._given_collective = collective
         self._collective: Collective | None = None
@@ -174,6 +192,10 @@ class Strategy(ABC):
     def _configure_launcher(self) -> None:
         """Decide `launcher`; called once the Trainer has filled in devices and environment."""
 
+    def configure_run(self, settings: RunSettings) -> None:
+        """Take the Trainer's settings for the run about to start (before `setup_module`)."""
+        self.run_settings = settings
+
     def setup_environment(self) -> None:
         """Prepare the device and set the collective up (create or join the group)."""
         accelerator = self.accelerator or CPUAccelerator()
@@ -214,6 +236,9 @@ class Strategy(ABC):
         # Move first, then cast: a pinned CPU batch is copied asynchronously and the cast
         # runs on the device, instead of a synchronous copy of a fresh unpinned CPU tensor.
         return self.precision.convert_input(move_to_device(batch, self.root_device))
+
+    def on_train_batch_start(self, batch_idx: int, last: bool) -> None:
+        """The Trainer starts training batch ``batch_idx``; ``last``: the epoch's last one."""
 
     def forward_context(self) -> contextlib.AbstractContextManager[Any]:
         """Context for forward passes (autocast for mixed precision)."""
@@ -334,6 +359,18 @@ class Strategy(ABC):
         if all(n == longest for n in lengths):
             return gathered.reshape(-1, *gathered.shape[2:])
         return torch.cat([gathered[rank, :n] for rank, n in enumerate(lengths)])
+
+    def gather_collective_stats(self) -> list[dict[str, dict[str, float]]]:
+        """Every rank's `collective_stats` summary, in rank order (every rank must call it).
+
+        Gathered on the collective inside the statistics wrapper, so the report does not
+        count itself.
+        """
+        summary = self.collective_stats.summary() if self.collective_stats is not None else {}
+        gathered: list[dict[str, dict[str, float]]] = self.base_collective.all_gather_object(
+            summary
+        )
+        return gathered
 
     def barrier(self, name: str | None = None) -> None:
         """Wait until every rank arrives."""

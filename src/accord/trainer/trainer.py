@@ -32,7 +32,7 @@ from accord.loggers.csv import CSVLogger
 from accord.loggers.logger import Logger
 from accord.module import Module
 from accord.strategies.launchers.multiprocessing import MultiprocessingLauncher
-from accord.strategies.strategy import Strategy
+from accord.strategies.strategy import RunSettings, Strategy
 from accord.trainer.connector import connect
 from accord.trainer.metrics import MetricStore
 
@@ -346,6 +346,12 @@ class Trainer:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
         model.trainer = self
+        strategy.configure_run(
+            RunSettings(
+                accumulate_grad_batches=self.accumulate_grad_batches,
+                gradient_clip_val=self.gradient_clip_val,
+            )
+        )
         self._metrics = MetricStore()
         try:
             self._call_callbacks("setup", stage)
@@ -388,12 +394,7 @@ class Trainer:
         return [self._evaluate(stage, loader)]
 
     def _report_collective_stats(self) -> None:
-        stats = self.strategy.collective_stats
-        assert stats is not None
-        # Gathered on the unwrapped collective, so the report does not count itself.
-        self.collective_stats_by_rank = self.strategy.base_collective.all_gather_object(
-            stats.summary()
-        )
+        self.collective_stats_by_rank = self.strategy.gather_collective_stats()
         if self.is_global_zero:
             for rank, summary in enumerate(self.collective_stats_by_rank):
                 calls = sum(int(row["calls"]) for row in summary.values())
@@ -554,6 +555,7 @@ class Trainer:
         ran = skipped = 0
         for batch_idx, batch in self._epoch_batches(loader):
             batch = strategy.batch_to_device(batch)
+            strategy.on_train_batch_start(batch_idx, last=batch_idx + 1 == total)
             model.on_train_batch_start(batch, batch_idx)
             is_step = (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == total
             with strategy.no_backward_sync(wrapped, enabled=not is_step):
