@@ -6,6 +6,7 @@ Every message says what happened and what to do about it.
 from __future__ import annotations
 
 import difflib
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -95,6 +96,50 @@ class CheckpointError(AccordError, RuntimeError):
 
 class RankFailureError(AccordError, RuntimeError):
     """One or more ranks of a multi-process run failed."""
+
+
+# What the backends say when the other end of a connection has gone: gloo's pair errors,
+# the OS's socket errors, NCCL's view of a dead peer.
+_PEER_GONE = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "connection refused",
+    "broken pipe",
+    "socket closed",
+    "nccl communicator was aborted",
+    "remote process exited",
+)
+
+
+def is_communication_error(error: BaseException | str) -> bool:
+    """Whether ``error`` (an exception or its text) comes from losing contact with a peer.
+
+    Such an error is a consequence: some other rank died or stopped first. True for
+    torch.distributed's ``DistError`` family, accord's `CollectiveTimeoutError`, and the
+    backends' "Connection closed/reset by peer"-like messages, also when they are the
+    cause or context of ``error``.
+    """
+    if isinstance(error, str):
+        text = error.lower()
+        return any(phrase in text for phrase in _PEER_GONE)
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, CollectiveTimeoutError) or _is_dist_error(current):
+            return True
+        if is_communication_error(str(current)):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _is_dist_error(error: BaseException) -> bool:
+    # Without torch.distributed loaded no exception can be one of its own, and importing
+    # torch here would make `import accord.errors` expensive.
+    dist = sys.modules.get("torch.distributed")
+    dist_error = getattr(dist, "DistError", None)
+    return isinstance(dist_error, type) and isinstance(error, dist_error)
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:

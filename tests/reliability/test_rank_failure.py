@@ -4,18 +4,46 @@ with a non-zero status and a message naming the failed rank; no process is left 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from models import FailingModel, loader
+import torch
+import torch.distributed as dist
+from models import FailingModel, LostPeerModel, loader
 
 import accord
-from accord.errors import RankFailureError
+from accord.errors import CollectiveTimeoutError, RankFailureError, is_communication_error
+from accord.testing import run_distributed
 
-SCRIPT = str(Path(__file__).parents[1] / "strategies" / "scripts" / "fit.py")
+STRATEGIES = Path(__file__).parents[1] / "strategies"
+SCRIPT = str(STRATEGIES / "scripts" / "fit.py")
+
+# A ddp script whose rank 0 is still tearing down (for longer than the launcher's watcher
+# takes to notice) when its peer is SIGKILLed.
+SLOW_TEARDOWN_SCRIPT = f"""
+import sys
+
+sys.path.insert(0, {str(STRATEGIES)!r})
+
+from models import SlowTeardownModel, loader
+
+import accord
+
+trainer = accord.Trainer(
+    strategy="ddp",
+    devices=2,
+    accelerator="cpu",
+    max_epochs=1,
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+)
+trainer.fit(SlowTeardownModel(1, "kill", seconds=1.0), loader(16))
+"""
 
 
 def _processes_mentioning(marker: str) -> list[int]:
@@ -35,9 +63,18 @@ def _processes_mentioning(marker: str) -> list[int]:
 
 
 def _run_script(out: Path, *extra: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return _run_python(SCRIPT, str(out), "ddp", "2", "1", *extra, timeout=timeout)
+
+
+def _last_line(stderr: str) -> str:
+    """The last line of ``stderr``, without the ``[rank0]: `` torch.distributed puts before it."""
+    return re.sub(r"^\[rank\d+\]: ", "", stderr.strip().splitlines()[-1])
+
+
+def _run_python(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     return subprocess.run(
-        [sys.executable, SCRIPT, str(out), "ddp", "2", "1", *extra],
+        [sys.executable, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -88,8 +125,101 @@ def test_spawn_names_the_failed_rank(how: str) -> None:
     started = time.monotonic()
     with pytest.raises(RankFailureError, match=r"Local rank 1 failed") as info:
         trainer.fit(FailingModel(1, how), loader(16))
+    message = str(info.value)
+    # Rank 0 may fail too, having lost its peer; it is listed as a consequence, not the cause.
+    assert message.startswith("Local rank 1 failed")
     if how == "raise":
-        assert "rank 1 fails on purpose" in str(info.value)
+        assert "rank 1 fails on purpose" in message
     else:
-        assert "exit code -9" in str(info.value)
-    assert time.monotonic() - started < 30
+        assert "exit code -9" in message
+    # Far below a hang (the collective timeout is 30 min), with room for a busy machine:
+    # two torch imports and a fit on two shared cores took 55 s once.
+    assert time.monotonic() - started < 60
+
+
+def _spawn_trainer() -> accord.Trainer:
+    return accord.Trainer(
+        strategy="ddp_spawn",
+        devices=2,
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+    )
+
+
+@pytest.mark.timeout(90)
+def test_spawn_names_the_killed_rank_even_when_its_peer_reports_first() -> None:
+    # Rank 0 reports "Connection reset by peer" a second before rank 1 is killed: the
+    # killed rank is the cause, rank 0's error a consequence.
+    with pytest.raises(RankFailureError) as info:
+        _spawn_trainer().fit(LostPeerModel(1, delay=1.0), loader(16))
+    message = str(info.value)
+    assert message.startswith("Local rank 1 failed")
+    assert "exit code -9" in message
+    cause, _, consequences = message.partition("Consequences")
+    assert "Connection reset by peer" not in cause
+    assert "local rank 0" in consequences
+    assert "Connection reset by peer" in consequences
+
+
+@pytest.mark.timeout(120)
+def test_popen_interrupt_during_rank_zero_cleanup_still_names_the_killed_rank(
+    tmp_path: Path,
+) -> None:
+    # The watcher interrupts rank 0 while its teardown runs: the interrupt must become a
+    # RankFailureError naming rank 1, not a bare KeyboardInterrupt.
+    script = tmp_path / "slow_teardown.py"
+    script.write_text(SLOW_TEARDOWN_SCRIPT)
+    result = _run_python(str(script), timeout=90)
+    last_line = _last_line(result.stderr)
+    assert result.returncode == 1, result.stderr
+    assert last_line.startswith("accord.errors.RankFailureError: Local rank 1 failed"), last_line
+    assert "signal 9" in last_line
+    assert _processes_mentioning(str(tmp_path)) == []
+
+
+@pytest.mark.timeout(90)
+def test_popen_rank_zero_bug_is_reported_as_itself(tmp_path: Path) -> None:
+    result = _run_script(tmp_path, "0", "raise")
+    last_line = _last_line(result.stderr)
+    assert result.returncode == 1, result.stderr
+    assert last_line == "RuntimeError: rank 0 fails on purpose", result.stderr
+    # Rank 0 stopped rank 1 itself: that is no failure to report or interrupt rank 0 for.
+    assert "KeyboardInterrupt" not in result.stderr
+    assert "local rank 1 was killed" not in result.stderr
+    assert _processes_mentioning(str(tmp_path)) == []
+
+
+def _lose_the_peer(rank: int, world_size: int) -> bool | None:
+    dist.init_process_group("gloo")
+    dist.barrier()
+    if rank == 1:
+        dist.destroy_process_group()  # closes rank 0's connections mid-call
+        return None
+    try:
+        dist.all_reduce(torch.ones(2))
+    except RuntimeError as err:
+        return is_communication_error(err)
+    return False
+
+
+@pytest.mark.timeout(90)
+def test_a_vanished_peer_is_a_communication_error() -> None:
+    assert run_distributed(_lose_the_peer, 2, timeout=60) == [True, None]
+
+
+def test_which_errors_are_communication_errors() -> None:
+    assert is_communication_error(CollectiveTimeoutError("rank 0 waited 2 s"))
+    assert is_communication_error(dist.DistNetworkError("failed to recv"))
+    assert is_communication_error("RuntimeError: pair.cc:534] Connection closed by peer [::1]")
+    assert not is_communication_error(ValueError("rank 1 cannot read its shard"))
+    assert not is_communication_error(KeyboardInterrupt())
+    try:
+        try:
+            raise RuntimeError("Connection reset by peer")
+        except RuntimeError as err:
+            raise ValueError("while logging the loss") from err
+    except ValueError as err:
+        assert is_communication_error(err)

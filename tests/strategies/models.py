@@ -104,3 +104,39 @@ class FailingModel(LinearModel):
                 os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"rank {self.fail_rank} fails on purpose")
         return super().training_step(batch, batch_idx)
+
+
+class LostPeerModel(LinearModel):
+    """At batch 2 ``fail_rank`` sleeps ``delay`` seconds and SIGKILLs itself; the other ranks
+    raise at once the error gloo raises when a peer has gone, so they report first."""
+
+    def __init__(self, fail_rank: int, delay: float = 1.0) -> None:
+        super().__init__()
+        self.fail_rank = fail_rank
+        self.delay = delay
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if batch_idx == 2:
+            if self.global_rank == self.fail_rank:
+                import os
+                import signal
+                import time
+
+                time.sleep(self.delay)
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError("Read error [127.0.0.1]:1234: Connection reset by peer")
+        return super().training_step(batch, batch_idx)
+
+
+class SlowTeardownModel(FailingModel):
+    """A `FailingModel` whose ``teardown`` takes ``seconds``, like cleanup that flushes files."""
+
+    def __init__(self, fail_rank: int, how: str = "raise", seconds: float = 1.0) -> None:
+        super().__init__(fail_rank, how)
+        self.seconds = seconds
+
+    def teardown(self, stage: str) -> None:
+        import time
+
+        time.sleep(self.seconds)
+        super().teardown(stage)

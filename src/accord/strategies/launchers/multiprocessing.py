@@ -7,12 +7,15 @@ results (trained weights, callback state, metrics) back into its own objects, so
 
 from __future__ import annotations
 
+import inspect
 import multiprocessing
 import os
 import pickle
+import signal
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Protocol, cast
 
@@ -20,7 +23,7 @@ from typing_extensions import override
 
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.environments.local import find_free_port
-from accord.errors import ConfigurationError, RankFailureError
+from accord.errors import ConfigurationError, RankFailureError, is_communication_error
 from accord.strategies.launchers.launcher import Launcher, threads_per_process
 
 __all__ = ["MultiprocessingLauncher", "RankZeroResults"]
@@ -53,9 +56,12 @@ def _worker(local_rank: int, env: dict[str, str], work: Any, conn: Connection) -
         # Plain pickle copies tensor data; torch's shared-memory reduction would hand over
         # file descriptors that vanish when this process exits.
         body = pickle.dumps((result, payload)) if local_rank == 0 else None
-        conn.send(("ok", body))
+        conn.send(("ok", body, False))
     except BaseException as err:
-        conn.send(("error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
+        # Classified here, where the exception object still exists: the launcher only gets
+        # text, and must tell a rank that lost its peer from the rank that failed first.
+        text = f"{type(err).__name__}: {err}\n{traceback.format_exc()}"
+        conn.send(("error", text, is_communication_error(err)))
         raise SystemExit(1) from None
     finally:
         conn.close()
@@ -123,7 +129,10 @@ class MultiprocessingLauncher(Launcher):
             # Plain pickle gives every rank its own copy of the model. multiprocessing's
             # own pickler would move tensors to shared memory, and all ranks would then
             # update the same parameters.
-            work = pickle.dumps(work)
+            try:
+                work = pickle.dumps(work)
+            except (pickle.PicklingError, AttributeError, TypeError) as err:
+                raise ConfigurationError(self._unpicklable_message(fn, args, kwargs, err)) from err
         procs, conns = [], []
         for local_rank in range(self.num_processes):
             receiver, sender = ctx.Pipe(duplex=False)
@@ -147,9 +156,27 @@ class MultiprocessingLauncher(Launcher):
             self.owner._apply_rank_zero_payload(payload)
         return result
 
+    def _unpicklable_message(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], err: Exception
+    ) -> str:
+        where = _find_unpicklable(fn, args, kwargs)
+        what = f"`{where}`" if where else "something"
+        fork = (
+            ", or strategy='ddp_fork' / 'ddp_notebook' (fork: nothing is pickled)"
+            if "fork" in multiprocessing.get_all_start_methods()
+            else ""
+        )
+        return (
+            f"Starting ranks with start_method={self.start_method!r} pickles what they run "
+            f"(the Trainer, the model, the data loaders), and {what} could not be pickled: "
+            f"{type(err).__name__}: {err}. Make it picklable (a function or class defined at "
+            "module level, not a lambda or a local one; no open locks, files or sockets), or "
+            f"use strategy='ddp' (it re-runs your script, so nothing is pickled){fork}."
+        )
+
     def _collect(self, procs: list[Any], conns: list[Connection]) -> tuple[Any, Any]:
         pending = dict(enumerate(conns))
-        errors: dict[int, str] = {}
+        errors: dict[int, _Failure] = {}
         rank_zero: tuple[Any, Any] = (None, None)
         deadline: float | None = None
         while pending:
@@ -162,29 +189,130 @@ class MultiprocessingLauncher(Launcher):
                 local_rank = next(r for r, c in pending.items() if c is conn)
                 del pending[local_rank]
                 try:
-                    status, body = conn.recv()
+                    status, body, communication = conn.recv()
                 except EOFError:
                     procs[local_rank].join(1)
-                    code = procs[local_rank].exitcode
-                    errors[local_rank] = f"process died (exit code {code}) before reporting"
+                    errors[local_rank] = _died(local_rank, procs[local_rank].exitcode)
                 else:
                     if status == "ok":
                         if local_rank == 0:
                             rank_zero = pickle.loads(body)
                     else:
-                        errors[local_rank] = body
+                        errors[local_rank] = _Failure(local_rank, body, communication=communication)
                 if errors and deadline is None:
                     # One rank failed; the rest get a short grace period, then are stopped.
                     deadline = time.monotonic() + self.failure_grace
         if errors:
-            # The first rank to report is the cause; later ones mostly saw it disappear.
-            first = next(iter(errors))
-            others = sorted(set(errors) - {first})
-            also = f" (local ranks {others} failed too)" if others else ""
-            stopped = sorted(pending)
-            note = f"; local ranks {stopped} were stopped" if stopped else ""
-            raise RankFailureError(f"Local rank {first} failed{also}{note}:\n{errors[first]}")
+            raise RankFailureError(_failure_report(list(errors.values()), sorted(pending)))
         return rank_zero
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """How one rank failed: ``text`` is its report (or what the launcher saw)."""
+
+    local_rank: int
+    text: str
+    died: bool = False
+    communication: bool = False
+
+    @property
+    def summary(self) -> str:
+        return self.text.split("\n", 1)[0]
+
+
+def _died(local_rank: int, code: int | None) -> _Failure:
+    if code is not None and code < 0:
+        try:
+            name = f" ({signal.Signals(-code).name})"
+        except ValueError:
+            name = ""
+        how = f"was killed by signal {-code}{name}"
+    else:
+        how = "died"
+    return _Failure(local_rank, f"process {how} before reporting (exit code {code})", died=True)
+
+
+def _failure_report(failures: list[_Failure], stopped: list[int]) -> str:
+    """Name the root cause first, then what followed from it.
+
+    The first rank to report is often not the cause: a rank that lost its peer reports at
+    once, while the peer that was killed only shows up when its pipe closes. So a rank that
+    died without reporting wins, then one that raised an error of its own, then one that
+    only lost contact; among equals, the first to report.
+    """
+    cause = min(failures, key=lambda f: (not f.died, f.communication))
+    rest = [f for f in failures if f is not cause]
+    lines = [f"Local rank {cause.local_rank} failed:", cause.text.rstrip()]
+    consequences = [f for f in rest if f.communication]
+    if consequences:
+        lines.append("Consequences (these ranks lost contact with a failed rank):")
+        lines += [f"  local rank {f.local_rank}: {f.summary}" for f in consequences]
+    others = [f for f in rest if not f.communication]
+    if others:
+        lines.append("Also failed:")
+        lines += [f"  local rank {f.local_rank}: {f.summary}" for f in others]
+    if stopped:
+        lines.append(f"Local ranks {stopped} were stopped after the grace period.")
+    return "\n".join(lines)
+
+
+def _find_unpicklable(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> str | None:
+    """The path of the first part of ``fn(*args, **kwargs)`` that does not pickle, if found."""
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs).arguments
+    except (TypeError, ValueError):
+        bound = {f"argument {i}": arg for i, arg in enumerate(args)} | kwargs
+    roots = list(bound.items())
+    owner = getattr(fn, "__self__", None)
+    if owner is not None:
+        roots.append((type(owner).__name__, owner))
+    for name, value in roots:
+        found = _unpicklable_path(value, name, depth=4)
+        if found is not None:
+            return found
+    return None
+
+
+def _unpicklable_path(obj: Any, path: str, depth: int) -> str | None:
+    if _pickles(obj):
+        return None
+    if depth > 0:
+        for suffix, child in _parts(obj):
+            found = _unpicklable_path(child, path + suffix, depth - 1)
+            if found is not None:
+                return found
+    return path
+
+
+def _parts(obj: Any) -> Iterator[tuple[str, Any]]:
+    if isinstance(obj, dict):
+        yield from ((f"[{key!r}]", value) for key, value in obj.items())
+    elif isinstance(obj, (list, tuple)):
+        yield from ((f"[{i}]", value) for i, value in enumerate(obj))
+    elif hasattr(obj, "__dict__"):
+        for name, value in vars(obj).items():
+            if name == "_modules" and isinstance(value, dict):
+                # An nn.Module keeps its submodules here; users know them as attributes.
+                yield from ((f".{key}", module) for key, module in value.items())
+            else:
+                yield f".{name}", value
+
+
+class _Discard:
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
+def _pickles(obj: Any) -> bool:
+    # Pickled into nothing: a large dataset is walked, never held twice in memory.
+    try:
+        pickle.Pickler(_Discard()).dump(obj)
+    except Exception:
+        return False
+    return True
 
 
 def _refuse_fork_after_cuda() -> None:

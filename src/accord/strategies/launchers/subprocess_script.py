@@ -11,6 +11,7 @@ from __future__ import annotations
 import _thread
 import atexit
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -22,7 +23,7 @@ from typing import Any
 from typing_extensions import override
 
 from accord.environments.cluster_environment import ClusterEnvironment
-from accord.errors import ConfigurationError, RankFailureError
+from accord.errors import ConfigurationError, RankFailureError, is_communication_error
 from accord.strategies.launchers.launcher import Launcher, threads_per_process
 
 __all__ = ["SubprocessScriptLauncher"]
@@ -54,38 +55,104 @@ class SubprocessScriptLauncher(Launcher):
         self.num_nodes = num_nodes
         self.failure_grace = failure_grace
         self.children: list[subprocess.Popen[bytes]] = []
+        # Shared with the watcher thread: the first child failure (local rank, exit code),
+        # and whether the main thread has taken over handling a failure.
+        self._lock = threading.Lock()
+        self._failure: tuple[int, int] | None = None
+        self._handling = False
+        self._handled = threading.Event()
 
     @override
     def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if self.cluster_environment.creates_processes_externally:
+        if self.cluster_environment.creates_processes_externally and not self.children:
             _watch_parent()
             return fn(*args, **kwargs)
-        self._start_children()
+        # Later fits in this script run on the children started by the first one.
+        if not self.children:
+            self._start_children()
         try:
-            return fn(*args, **kwargs)
-        except BaseException as err:
-            failed = self._failed_child()
-            # Rank 0 failed: the children would wait for it in a collective; stop them now.
+            try:
+                return fn(*args, **kwargs)
+            except BaseException as err:
+                failure = self._take_over()
+                if failure is None and is_communication_error(err):
+                    # Rank 0 lost contact with a child: wait for the one that failed. One that
+                    # raised may take seconds to exit on a busy machine, so the grace period.
+                    failure = self._failed_child(self.failure_grace)
+                # Rank 0 failed: the children would wait for it in a collective; stop them now.
+                self.kill()
+                if failure is None or _is_interrupt(err, failure):
+                    raise  # rank 0's own error is the cause (or the user pressed Ctrl+C)
+                raise RankFailureError(_report(failure, err)) from err
+        except KeyboardInterrupt as interrupt:
+            # The watcher's interrupt can land anywhere, the handler above included.
+            failure = self._take_over()
             self.kill()
-            if failed is not None and not isinstance(err, KeyboardInterrupt):
-                local_rank, code = failed
-                raise RankFailureError(
-                    f"local rank {local_rank} exited with code {code} (its traceback is printed "
-                    f"above), so rank 0 stopped too: {type(err).__name__}: {err}"
-                ) from err
-            raise
+            if failure is None or _is_interrupt(interrupt, failure):
+                raise
+            raise RankFailureError(_report(failure, interrupt)) from interrupt
 
-    def _failed_child(self, wait: float = 2.0) -> tuple[int, int] | None:
+    def _take_over(self) -> tuple[int, int] | None:
+        """From now on the main thread handles failures; return the child that failed first.
+
+        The watcher no longer interrupts this thread or exits the process, and ignores the
+        children that rank 0 stops itself. Only the first call looks at the children: by a
+        later one, rank 0 may have killed them.
+        """
+        with self._lock:
+            first = not self._handling
+            self._handling = True
+            self._handled.set()
+            failure = self._failure
+        if failure is None and first:
+            failure = self._record(self._dead_child())
+        return failure
+
+    def _failed_child(self, wait: float) -> tuple[int, int] | None:
         """The first child that exited with an error, waiting up to ``wait`` seconds for one."""
         deadline = time.monotonic() + wait
         while True:
-            for local_rank, child in enumerate(self.children, start=1):
-                code = child.poll()
-                if code not in (None, 0):
-                    return local_rank, int(code)
-            if time.monotonic() >= deadline:
+            failure = self._dead_child()
+            if failure is not None:
+                return self._record(failure)
+            if time.monotonic() >= deadline or all(c.poll() == 0 for c in self.children):
                 return None
             time.sleep(_POLL_SECONDS / 4)
+
+    def _dead_child(self) -> tuple[int, int] | None:
+        """A child that exited with an error, one killed by a signal first; None if none."""
+        dead = []
+        for local_rank, child in enumerate(self.children, start=1):
+            code = child.poll()
+            if code not in (None, 0):
+                dead.append((local_rank, int(code)))
+        # A rank killed by a signal did not see anything go wrong: the others that exited
+        # with an error most likely lost contact with it.
+        return min(dead, key=lambda failure: (failure[1] >= 0, failure[0]), default=None)
+
+    def _record(
+        self, failure: tuple[int, int] | None, from_watcher: bool = False
+    ) -> tuple[int, int] | None:
+        """Keep the first failure seen (by either thread), announce it once, and return it.
+
+        The watcher's is ignored (None) once the main thread handles a failure.
+        """
+        if failure is None:
+            return None
+        with self._lock:
+            if from_watcher and self._handling:
+                return None
+            if self._failure is not None:
+                return self._failure
+            self._failure = failure
+        local_rank, code = failure
+        print(
+            f"[accord] local rank {local_rank} {_how(code)}; stopping the other ranks "
+            "(its traceback, if it raised, is printed above).",
+            file=sys.stderr,
+            flush=True,
+        )
+        return failure
 
     def kill(self) -> None:
         """Stop every child this launcher started."""
@@ -124,31 +191,35 @@ class SubprocessScriptLauncher(Launcher):
         watcher.start()
 
     def _watch_children(self) -> None:
-        while True:
-            for local_rank, child in enumerate(self.children, start=1):
-                code = child.poll()
-                if code not in (None, 0):
-                    self._fail(local_rank, code)
-                    return
+        while not self._handling:
+            failure = self._dead_child()
+            if failure is not None:
+                self._fail(failure)
+                return
             if all(child.poll() == 0 for child in self.children):
                 return
             time.sleep(_POLL_SECONDS)
 
-    def _fail(self, local_rank: int, code: int) -> None:
-        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        print(
-            f"[accord] local rank {local_rank} {how}; stopping the other ranks "
-            "(its traceback, if it raised, is printed above).",
-            file=sys.stderr,
-            flush=True,
-        )
+    def _fail(self, failure: tuple[int, int]) -> None:
+        if self._record(failure, from_watcher=True) is None:
+            return  # rank 0 handles a failure already, and may have killed this child itself
         self.kill()
-        # Interrupt rank 0's main thread; if it is stuck inside a collective, exit hard.
-        _thread.interrupt_main()
-        deadline = time.monotonic() + self.failure_grace
-        while time.monotonic() < deadline:
-            time.sleep(_POLL_SECONDS)
-        os._exit(1)
+        # If rank 0 is stuck inside a collective and never reacts, exit hard.
+        if self._interrupt_rank_zero() and not self._handled.wait(self.failure_grace):
+            os._exit(1)
+
+    def _interrupt_rank_zero(self) -> bool:
+        """Interrupt the main thread, unless it handles a failure already; whether it did.
+
+        Under the lock `_take_over` takes, so no interrupt arrives once rank 0 started
+        handling its own error; the failure was recorded before, so an interrupt always
+        finds what caused it.
+        """
+        with self._lock:
+            if self._handling:
+                return False
+            _thread.interrupt_main()
+            return True
 
     def _reap(self) -> None:
         deadline = time.monotonic() + self.failure_grace
@@ -158,6 +229,30 @@ class SubprocessScriptLauncher(Launcher):
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
+
+
+def _how(code: int) -> str:
+    if code < 0:
+        return f"was killed by signal {-code} (exit code {code})"
+    return f"exited with code {code}"
+
+
+def _report(failure: tuple[int, int], err: BaseException) -> str:
+    """The child's failure as the cause, rank 0's ``err`` as its consequence."""
+    local_rank, code = failure
+    if isinstance(err, KeyboardInterrupt):
+        consequence = "rank 0 was interrupted to stop."
+    else:
+        consequence = f"rank 0 stopped too: {type(err).__name__}: {err}"
+    return (
+        f"Local rank {local_rank} failed: it {_how(code)}; its traceback, if it raised, is "
+        f"printed above. Consequence: {consequence}"
+    )
+
+
+def _is_interrupt(err: BaseException, failure: tuple[int, int]) -> bool:
+    """Whether this is the user's Ctrl+C: rank 0 interrupted and a child ended by SIGINT too."""
+    return isinstance(err, KeyboardInterrupt) and failure[1] == -signal.SIGINT
 
 
 def _script_command() -> list[str]:
