@@ -5,12 +5,12 @@ DeepSpeed compiles a shared-memory extension the first time it starts on a CPU m
 under ``~/.cache/torch_extensions/`` when the variable is unset. This script runs that same
 build now and says where it went; the Makefile points ``TORCH_EXTENSIONS_DIR`` at
 ``.venv/torch_extensions``. Outside a checkout,
-``python -m accord.collectives.deepspeed_extension`` does the same.
+``python -m accord.engines.deepspeed.extension`` does the same.
 """
 
 from __future__ import annotations
 
-from accord.collectives.deepspeed_extension import main
+from accord.engines.deepspeed.extension import main
 
 if __name__ == "__main__":
     main()

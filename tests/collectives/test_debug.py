@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from accord.collectives import Collective, SingleDeviceCollective, TorchCollective
-from accord.collectives.debug import DEBUG_ENV_VAR, DebugCollective, maybe_debug
-from accord.collectives.stats import InstrumentedCollective
-from accord.collectives.wrapper import unwrap
+from accord.core.wrappers.debug import DEBUG_ENV_VAR, DebugCollective, maybe_debug
+from accord.core.wrappers.stats import InstrumentedCollective
+from accord.core.wrappers.wrapper import unwrap
 from accord.errors import CollectiveMismatchError, CollectiveNotSetupError, ConfigurationError
 from accord.testing import assert_conformance, run_distributed
 

@@ -15,7 +15,7 @@ pytest.importorskip(
     "deepspeed", reason="DeepSpeedCollective needs deepspeed: pip install 'accord[deepspeed]'"
 )
 
-from accord.collectives.deepspeed import DeepSpeedCollective
+from accord.engines.deepspeed.collective import DeepSpeedCollective
 from accord.errors import ConfigurationError
 from accord.testing import assert_conformance, run_distributed
 
@@ -86,8 +86,8 @@ def test_importing_accord_does_not_import_deepspeed() -> None:
     result = _child(
         """
         import json, sys
-        import accord, accord.collectives, accord.collectives.deepspeed
-        from accord.collectives.deepspeed import DeepSpeedCollective
+        import accord, accord.collectives, accord.engines.deepspeed.collective
+        from accord.engines.deepspeed.collective import DeepSpeedCollective
         DeepSpeedCollective()
         print(json.dumps({"imported": "deepspeed" in sys.modules}))
         """
@@ -99,7 +99,7 @@ def test_missing_deepspeed_says_how_to_install() -> None:
     result = _child(
         """
         import json, sys
-        from accord.collectives.deepspeed import DeepSpeedCollective
+        from accord.engines.deepspeed.collective import DeepSpeedCollective
         from accord.errors import MissingDependencyError
 
         made_before = DeepSpeedCollective()

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from accord.collectives import Collective, SingleDeviceCollective, TorchCollective
-from accord.collectives.debug import DebugCollective
-from accord.collectives.stats import CollectiveStats, InstrumentedCollective
+from accord.core.wrappers.debug import DebugCollective
+from accord.core.wrappers.stats import CollectiveStats, InstrumentedCollective
 from accord.testing import assert_conformance, run_distributed
 
 _RUN_TIMEOUT = 120.0

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from accord.collectives import Collective, SingleDeviceCollective, TorchCollective
-from accord.collectives.watchdog import TIMEOUT_ENV_VAR, WatchdogCollective, maybe_watchdog
+from accord.core.wrappers.watchdog import TIMEOUT_ENV_VAR, WatchdogCollective, maybe_watchdog
 from accord.errors import (
     CollectiveError,
     CollectiveMismatchError,

@@ -11,8 +11,8 @@ from models import LinearModel, loader
 
 import accord
 from accord.collectives import TorchCollective
-from accord.collectives.debug import DebugCollective
-from accord.collectives.stats import InstrumentedCollective
+from accord.core.wrappers.debug import DebugCollective
+from accord.core.wrappers.stats import InstrumentedCollective
 from accord.errors import CollectiveMismatchError
 from accord.strategies import DDPStrategy
 from accord.testing import run_distributed

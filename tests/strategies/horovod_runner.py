@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from accord.collectives.horovod import HorovodCollective
+from accord.engines.horovod.collective import HorovodCollective
 from accord.testing import run_checks_in_this_process
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from accord.collectives.deepspeed_extension import (
+from accord.engines.deepspeed.extension import (
     LOCK_TIMEOUT_ENV_VAR,
     ExtensionBuild,
     lock_timeout,
@@ -32,7 +32,7 @@ pytest.importorskip(
 
 NAME = "deepspeed_shm_comm"
 SETUP = (
-    "from accord.collectives.deepspeed import DeepSpeedCollective\n"
+    "from accord.engines.deepspeed.collective import DeepSpeedCollective\n"
     "DeepSpeedCollective().setup().teardown()\n"
     "print('setup done', flush=True)\n"
 )
@@ -182,7 +182,7 @@ def test_a_lock_that_outlives_the_timeout_is_refused(copied: Path) -> None:
 
 def test_the_default_directory_is_torchs(tmp_path: Path) -> None:
     code = (
-        "from accord.collectives.deepspeed_extension import shm_extension_build\n"
+        "from accord.engines.deepspeed.extension import shm_extension_build\n"
         "print('directory', shm_extension_build().directory)\n"
     )
     env = _env(tmp_path, HOME=str(tmp_path))

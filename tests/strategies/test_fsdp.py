@@ -19,9 +19,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 import accord
+from accord.engines.torch.fsdp import META_FILE, hybrid_mesh_shape
 from accord.errors import ConfigurationError
 from accord.strategies import DDPStrategy, FSDPStrategy, StrategyRegistry
-from accord.strategies.fsdp import META_FILE, hybrid_mesh_shape
 from accord.testing import run_distributed
 
 # FSDP and DDP run the same float32 arithmetic except the order of a few sums (the gradient

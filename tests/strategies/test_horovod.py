@@ -29,8 +29,8 @@ import torch
 from models import LinearModel, flat_weights, loader
 
 import accord
+from accord.engines.horovod.strategy import HorovodStrategy
 from accord.errors import ConfigurationError
-from accord.strategies.horovod import HorovodStrategy
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -279,7 +279,7 @@ def test_backward_passes_per_step_is_checked() -> None:
 def test_importing_accord_and_building_the_strategy_does_not_import_horovod() -> None:
     code = (
         "import sys, accord\n"
-        "from accord.strategies.horovod import HorovodStrategy\n"
+        "from accord.engines.horovod.strategy import HorovodStrategy\n"
         "strategy = accord.strategies.StrategyRegistry.get('horovod').build()\n"
         "assert isinstance(strategy, HorovodStrategy)\n"
         "assert strategy.collective.backend_name == 'horovod'\n"

@@ -11,10 +11,10 @@ import importlib.util
 import pytest
 
 import accord
-from accord.collectives.horovod import HorovodCollective
+from accord.engines.horovod.collective import HorovodCollective
+from accord.engines.horovod.strategy import HorovodStrategy
 from accord.errors import MissingDependencyError
 from accord.strategies import StrategyRegistry
-from accord.strategies.horovod import HorovodStrategy
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("horovod") is not None,

@@ -25,12 +25,12 @@ import torch
 from models import CountingCollective, LinearModel, flat_weights, loader
 
 import accord
-from accord.collectives.xla import XLACollective
-from accord.environments.xla import XLAEnvironment
+from accord.engines.xla.collective import XLACollective
+from accord.engines.xla.environment import XLAEnvironment
+from accord.engines.xla.launcher import XLALauncher
+from accord.engines.xla.strategy import SingleDeviceXLAStrategy, XLAStrategy
 from accord.errors import ConfigurationError, RankFailureError
 from accord.strategies import StrategyRegistry
-from accord.strategies.launchers.xla import XLALauncher
-from accord.strategies.xla import SingleDeviceXLAStrategy, XLAStrategy
 from accord.testing import run_checks_in_this_process
 
 del CountingCollective  # the torch.distributed one; XLA ranks count with their own below

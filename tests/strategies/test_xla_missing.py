@@ -13,11 +13,11 @@ import sys
 import pytest
 
 import accord
-from accord.collectives.xla import XLACollective
-from accord.environments.xla import XLAEnvironment
+from accord.engines.xla.collective import XLACollective
+from accord.engines.xla.environment import XLAEnvironment
+from accord.engines.xla.strategy import SingleDeviceXLAStrategy, XLAStrategy
 from accord.errors import MissingDependencyError
 from accord.strategies import StrategyRegistry
-from accord.strategies.xla import SingleDeviceXLAStrategy, XLAStrategy
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("torch_xla") is not None,
@@ -70,7 +70,7 @@ def test_the_names_are_registered_without_torch_xla() -> None:
 
 def test_importing_accord_does_not_import_torch_xla() -> None:
     code = (
-        "import sys, accord, accord.strategies.xla, accord.collectives.xla; "
+        "import sys, accord, accord.engines.xla.strategy, accord.engines.xla.collective; "
         "assert 'torch_xla' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -33,7 +33,7 @@ def accelerator_from_name(name: str) -> Accelerator:
     if key == "auto":
         return auto_accelerator()
     if key == "xla" or key == "tpu":
-        from accord.accelerators.xla import XLAAccelerator
+        from accord.engines.xla.accelerator import XLAAccelerator
 
         return XLAAccelerator.checked()
     if key == "gpu" and not CUDAAccelerator.is_available() and MPSAccelerator.is_available():

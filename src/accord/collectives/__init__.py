@@ -1,23 +1,37 @@
 """Collectives: tensor and object communication primitives, one backend per class.
 
-`DeepSpeedCollective`, `XLACollective` and `HorovodCollective` live in their own modules
-and import their backend only when used. The wrappers (`DebugCollective`,
-`InstrumentedCollective`, `WatchdogCollective`) work around any collective.
+This is the public face; the classes live in `accord.core` (the contract and the wrappers)
+and in `accord.engines` (one collective per engine). `DeepSpeedCollective`, `XLACollective`
+and `HorovodCollective` are imported on first use, so their backends stay optional. The
+wrappers (`DebugCollective`, `InstrumentedCollective`, `WatchdogCollective`) work around any
+collective.
 """
 
-from accord.collectives.collective import Collective, ReduceOp, ReduceOpLike
-from accord.collectives.debug import DebugCollective, maybe_debug
-from accord.collectives.single_device import SingleDeviceCollective
-from accord.collectives.stats import CollectiveStats, InstrumentedCollective, OpStats
-from accord.collectives.torch import TorchCollective
-from accord.collectives.watchdog import WatchdogCollective, maybe_watchdog
-from accord.collectives.wrapper import CollectiveWrapper, unwrap
+from accord.core.collective import Collective, ReduceOp, ReduceOpLike
+from accord.core.lazy import lazy_exports
+from accord.core.wrappers.debug import DebugCollective, maybe_debug
+from accord.core.wrappers.stats import CollectiveStats, InstrumentedCollective, OpStats
+from accord.core.wrappers.watchdog import WatchdogCollective, maybe_watchdog
+from accord.core.wrappers.wrapper import CollectiveWrapper, unwrap
+from accord.engines.single.collective import SingleDeviceCollective
+from accord.engines.torch.collective import TorchCollective
+
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "DeepSpeedCollective": "accord.engines.deepspeed.collective",
+        "HorovodCollective": "accord.engines.horovod.collective",
+        "XLACollective": "accord.engines.xla.collective",
+    },
+)
 
 __all__ = [
     "Collective",
     "CollectiveStats",
     "CollectiveWrapper",
     "DebugCollective",
+    "DeepSpeedCollective",
+    "HorovodCollective",
     "InstrumentedCollective",
     "OpStats",
     "ReduceOp",
@@ -25,6 +39,7 @@ __all__ = [
     "SingleDeviceCollective",
     "TorchCollective",
     "WatchdogCollective",
+    "XLACollective",
     "maybe_debug",
     "maybe_watchdog",
     "unwrap",

@@ -6,8 +6,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from accord.core.strategy import Strategy
 from accord.errors import ConfigurationError, did_you_mean
-from accord.strategies.strategy import Strategy
 
 __all__ = ["StrategyEntry", "StrategyRegistry"]
 
@@ -90,13 +90,13 @@ StrategyRegistry = _Registry()
 
 
 def _register_builtin() -> None:
-    from accord.strategies.ddp import DDPStrategy
-    from accord.strategies.deepspeed import DeepSpeedStrategy
-    from accord.strategies.dp import DPStrategy
-    from accord.strategies.fsdp import FSDPStrategy
-    from accord.strategies.horovod import HorovodStrategy
-    from accord.strategies.single_device import SingleDeviceStrategy
-    from accord.strategies.xla import SingleDeviceXLAStrategy, XLAStrategy
+    from accord.engines.deepspeed.strategy import DeepSpeedStrategy
+    from accord.engines.horovod.strategy import HorovodStrategy
+    from accord.engines.single.strategy import SingleDeviceStrategy
+    from accord.engines.torch.ddp import DDPStrategy
+    from accord.engines.torch.dp import DPStrategy
+    from accord.engines.torch.fsdp import FSDPStrategy
+    from accord.engines.xla.strategy import SingleDeviceXLAStrategy, XLAStrategy
 
     reg = StrategyRegistry.register
     reg("single_device", SingleDeviceStrategy, "One device in this process.")

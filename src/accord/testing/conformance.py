@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from accord.collectives.collective import Collective, ReduceOp
+from accord.core.collective import Collective, ReduceOp
 from accord.testing.multiprocess import run_distributed
 
 __all__ = [

@@ -10,18 +10,18 @@ import torch
 from accord.accelerators.accelerator import Accelerator, DevicesLike
 from accord.accelerators.cpu import CPUAccelerator
 from accord.accelerators.registry import accelerator_from_name
+from accord.core.parallel import ParallelStrategy
+from accord.core.strategy import Strategy
+from accord.engines.deepspeed.strategy import DeepSpeedStrategy
+from accord.engines.single.strategy import SingleDeviceStrategy
+from accord.engines.torch.dp import DPStrategy
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.environments.local import LocalEnvironment
 from accord.environments.slurm import SLURMEnvironment
 from accord.environments.torchelastic import TorchElasticEnvironment
 from accord.errors import ConfigurationError
 from accord.precision import Precision, PrecisionMode
-from accord.strategies.deepspeed import DeepSpeedStrategy
-from accord.strategies.dp import DPStrategy
-from accord.strategies.parallel import ParallelStrategy
 from accord.strategies.registry import StrategyRegistry
-from accord.strategies.single_device import SingleDeviceStrategy
-from accord.strategies.strategy import Strategy
 
 __all__ = ["connect", "detect_cluster_environment"]
 

@@ -21,7 +21,7 @@ import torch
 from accord.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from accord.strategies.strategy import Strategy
+    from accord.core.strategy import Strategy
 
 __all__ = ["MetricStore"]
 

@@ -27,12 +27,12 @@ from accord.accelerators.accelerator import Accelerator, DevicesLike
 from accord.callbacks.callback import Callback
 from accord.callbacks.model_checkpoint import ModelCheckpoint
 from accord.callbacks.progress import ProgressBar
+from accord.core.strategy import RunSettings, Strategy
 from accord.errors import CheckpointError, ConfigurationError
+from accord.launchers.multiprocessing import MultiprocessingLauncher
 from accord.loggers.csv import CSVLogger
 from accord.loggers.logger import Logger
 from accord.module import Module
-from accord.strategies.launchers.multiprocessing import MultiprocessingLauncher
-from accord.strategies.strategy import RunSettings, Strategy
 from accord.trainer.connector import connect
 from accord.trainer.metrics import MetricStore
 

@@ -193,7 +193,7 @@ def scenario_uneven(out: Path) -> dict[str, Any]:
 
 
 def scenario_dtypes(out: Path) -> dict[str, Any]:
-    from accord.collectives.horovod import HorovodCollective
+    from accord.engines.horovod.collective import HorovodCollective
 
     c = HorovodCollective().setup()
     r = c.rank

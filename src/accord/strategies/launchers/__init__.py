@@ -1,8 +1,10 @@
-"""How a strategy starts its processes: none (torchrun, SLURM), subprocesses, spawn, fork, XLA."""
+"""The launchers' earlier import path; they live in `accord.launchers`."""
 
-from accord.strategies.launchers.launcher import Launcher
-from accord.strategies.launchers.multiprocessing import MultiprocessingLauncher
-from accord.strategies.launchers.subprocess_script import SubprocessScriptLauncher
-from accord.strategies.launchers.xla import XLALauncher
+from accord.launchers import (
+    Launcher,
+    MultiprocessingLauncher,
+    SubprocessScriptLauncher,
+)
+from accord.launchers import __getattr__ as __getattr__
 
 __all__ = ["Launcher", "MultiprocessingLauncher", "SubprocessScriptLauncher", "XLALauncher"]

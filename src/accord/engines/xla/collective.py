@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from typing_extensions import Self, override
 
-from accord.collectives.collective import Collective, ReduceOp
+from accord.core.collective import Collective, ReduceOp
 from accord.errors import MissingDependencyError
 
 __all__ = ["XLACollective", "launch", "require_torch_xla"]

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple, TypeVar
 import torch
 from typing_extensions import Self, override
 
-from accord.collectives.collective import Collective, ReduceOp, ReduceOpLike
+from accord.core.collective import Collective, ReduceOp, ReduceOpLike
 
 __all__ = ["CallSite", "CollectiveWrapper", "OpCall", "call_site", "unwrap"]
 

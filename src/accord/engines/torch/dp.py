@@ -10,12 +10,12 @@ from torch import nn
 from typing_extensions import override
 
 from accord.accelerators.accelerator import Accelerator
-from accord.collectives.collective import Collective
-from accord.collectives.single_device import SingleDeviceCollective
+from accord.core.collective import Collective
+from accord.core.step_module import StepModule
+from accord.core.strategy import Strategy
+from accord.engines.single.collective import SingleDeviceCollective
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.precision import Precision
-from accord.strategies.step_module import StepModule
-from accord.strategies.strategy import Strategy
 
 __all__ = ["DPStrategy"]
 

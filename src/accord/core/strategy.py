@@ -20,16 +20,16 @@ from torch import nn
 from accord.accelerators.accelerator import Accelerator
 from accord.accelerators.cpu import CPUAccelerator
 from accord.checkpoint_io import load_checkpoint_file, save_checkpoint_file
-from accord.collectives.collective import Collective, ReduceOpLike
-from accord.collectives.debug import DebugCollective, maybe_debug
-from accord.collectives.stats import CollectiveStats, InstrumentedCollective
-from accord.collectives.watchdog import maybe_watchdog
-from accord.collectives.wrapper import unwrap
+from accord.core.collective import Collective, ReduceOpLike
+from accord.core.wrappers.debug import DebugCollective, maybe_debug
+from accord.core.wrappers.stats import CollectiveStats, InstrumentedCollective
+from accord.core.wrappers.watchdog import maybe_watchdog
+from accord.core.wrappers.wrapper import unwrap
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.precision import Precision
 
 if TYPE_CHECKING:
-    from accord.strategies.launchers.launcher import Launcher
+    from accord.launchers.launcher import Launcher
 
 __all__ = ["RunSettings", "Strategy"]
 

@@ -12,7 +12,7 @@ long. A build that was killed leaves its ``lock`` file behind, and torch then wa
 forever: a lock older than any build takes (`lock_timeout`) is refused with an error that
 names it, and a younger one (a build in progress elsewhere) is waited for, with a notice.
 
-``python -m accord.collectives.deepspeed_extension`` builds the extension ahead of time.
+``python -m accord.engines.deepspeed.extension`` builds the extension ahead of time.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from accord.collectives.deepspeed import _import
+from accord.engines.deepspeed.collective import _import
 from accord.errors import CollectiveError, ConfigurationError, MissingDependencyError
 
 __all__ = [

@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from typing_extensions import Self, override
 
-from accord.collectives.collective import Collective
-from accord.collectives.wrapper import CallSite, CollectiveWrapper, OpCall, call_site
+from accord.core.collective import Collective
+from accord.core.wrappers.wrapper import CallSite, CollectiveWrapper, OpCall, call_site
 from accord.errors import (
     CollectiveError,
     CollectiveMismatchError,

@@ -33,8 +33,8 @@ from typing import Any, TypeVar
 import torch
 from typing_extensions import Self, override
 
-from accord.collectives.collective import Collective, ReduceOp
-from accord.collectives.wrapper import CallSite, CollectiveWrapper, OpCall, call_site
+from accord.core.collective import Collective, ReduceOp
+from accord.core.wrappers.wrapper import CallSite, CollectiveWrapper, OpCall, call_site
 from accord.errors import CollectiveMismatchError, ConfigurationError
 
 __all__ = ["DEBUG_ENV_VAR", "DebugCollective", "maybe_debug"]

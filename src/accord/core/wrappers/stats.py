@@ -18,8 +18,8 @@ from typing import TypeVar
 import torch
 from typing_extensions import override
 
-from accord.collectives.collective import Collective
-from accord.collectives.wrapper import CollectiveWrapper, OpCall
+from accord.core.collective import Collective
+from accord.core.wrappers.wrapper import CollectiveWrapper, OpCall
 
 __all__ = ["CollectiveStats", "InstrumentedCollective", "OpStats"]
 

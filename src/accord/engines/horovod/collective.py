@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from typing_extensions import Self, override
 
-from accord.collectives.collective import Collective, ReduceOp
+from accord.core.collective import Collective, ReduceOp
 from accord.errors import CollectiveError, MissingDependencyError
 
 __all__ = ["HorovodCollective", "horovod_available"]

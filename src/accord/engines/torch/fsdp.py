@@ -30,14 +30,14 @@ from typing_extensions import override
 
 from accord.accelerators.accelerator import Accelerator
 from accord.checkpoint_io import load_checkpoint_file, save_checkpoint_file
-from accord.collectives.collective import Collective
-from accord.collectives.torch import TorchCollective, default_torch_backend
+from accord.core.collective import Collective
+from accord.core.parallel import ParallelStrategy
+from accord.core.step_module import StepModule
+from accord.engines.torch.collective import TorchCollective, default_torch_backend
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import CheckpointError, ConfigurationError
+from accord.launchers.subprocess_script import SubprocessScriptLauncher
 from accord.precision import Precision, PrecisionMode
-from accord.strategies.launchers.subprocess_script import SubprocessScriptLauncher
-from accord.strategies.parallel import ParallelStrategy
-from accord.strategies.step_module import StepModule
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh

@@ -8,10 +8,10 @@ import torch
 from typing_extensions import override
 
 from accord.accelerators.accelerator import Accelerator
-from accord.collectives.collective import Collective
+from accord.core.collective import Collective
+from accord.core.strategy import Strategy
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.precision import Precision
-from accord.strategies.strategy import Strategy
 
 __all__ = ["ParallelStrategy"]
 

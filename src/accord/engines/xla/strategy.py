@@ -35,15 +35,15 @@ from typing_extensions import override
 
 from accord.accelerators.accelerator import Accelerator
 from accord.checkpoint_io import save_checkpoint_file
-from accord.collectives.collective import Collective
-from accord.collectives.xla import XLACollective, launch, require_torch_xla
+from accord.core.collective import Collective
+from accord.core.parallel import ParallelStrategy
+from accord.core.strategy import Strategy, move_to_device
+from accord.engines.single.strategy import SingleDeviceStrategy
+from accord.engines.xla.collective import XLACollective, launch, require_torch_xla
+from accord.engines.xla.launcher import XLALauncher
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
 from accord.precision import Precision, PrecisionMode
-from accord.strategies.launchers.xla import XLALauncher
-from accord.strategies.parallel import ParallelStrategy
-from accord.strategies.single_device import SingleDeviceStrategy
-from accord.strategies.strategy import Strategy, move_to_device
 
 _NARROW = (torch.bfloat16, torch.float16)
 
@@ -57,7 +57,7 @@ _EVAL_STEPS = frozenset({"validation_step", "test_step", "predict_step"})
 def _xla_accelerator(accelerator: Accelerator | None) -> Accelerator:
     if accelerator is not None:
         return accelerator
-    from accord.accelerators.xla import XLAAccelerator
+    from accord.engines.xla.accelerator import XLAAccelerator
 
     return XLAAccelerator()
 
@@ -222,7 +222,7 @@ class XLAStrategy(_XLATraining, ParallelStrategy):
                 f"gradient_sync={gradient_sync!r}: use 'native' or 'collective'."
             )
         if cluster_environment is None:
-            from accord.environments.xla import XLAEnvironment
+            from accord.engines.xla.environment import XLAEnvironment
 
             cluster_environment = XLAEnvironment()
         super().__init__(

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from typing_extensions import Self, override
 
-from accord.collectives.collective import Collective, ReduceOp
+from accord.core.collective import Collective, ReduceOp
 
 __all__ = ["SingleDeviceCollective"]
 

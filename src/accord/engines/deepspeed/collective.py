@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from typing_extensions import Self, override
 
-from accord.collectives.collective import Collective, ReduceOp
-from accord.collectives.torch import (
+from accord.core.collective import Collective, ReduceOp
+from accord.engines.torch.collective import (
     _as_timedelta,
     _bytes_view,
     _env_int,
@@ -156,7 +156,7 @@ class DeepSpeedCollective(Collective):
         (default ``127.0.0.1``) and ``MASTER_PORT``. Calling it again is a no-op.
 
         On a CPU machine, the first setup for a build directory compiles DeepSpeed's
-        shared-memory extension (`accord.collectives.deepspeed_extension`); rank zero prints
+        shared-memory extension (`accord.engines.deepspeed.extension`); rank zero prints
         a notice first.
 
         Raises:
@@ -175,7 +175,7 @@ class DeepSpeedCollective(Collective):
             raise CollectiveError("This torch build has no torch.distributed support.")
         # DeepSpeed compiles its shared-memory extension silently on first use, and waits
         # forever on a lock a killed build left behind: check first, and announce a build.
-        from accord.collectives.deepspeed_extension import prepare_shm_extension
+        from accord.engines.deepspeed.extension import prepare_shm_extension
 
         own_rank = dist.get_rank() if dist.is_initialized() else _env_int("RANK", rank, default=0)
         prepare_shm_extension(announce=own_rank == 0)

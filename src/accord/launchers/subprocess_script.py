@@ -24,7 +24,7 @@ from typing_extensions import override
 
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError, RankFailureError, is_communication_error
-from accord.strategies.launchers.launcher import Launcher, threads_per_process
+from accord.launchers.launcher import Launcher, threads_per_process
 
 __all__ = ["SubprocessScriptLauncher"]
 

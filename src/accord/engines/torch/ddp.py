@@ -13,15 +13,15 @@ from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from accord.accelerators.accelerator import Accelerator
-from accord.collectives.collective import Collective
-from accord.collectives.torch import TorchCollective, default_torch_backend
+from accord.core.collective import Collective
+from accord.core.parallel import ParallelStrategy
+from accord.core.step_module import StepModule
+from accord.engines.torch.collective import TorchCollective, default_torch_backend
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
+from accord.launchers.multiprocessing import MultiprocessingLauncher
+from accord.launchers.subprocess_script import SubprocessScriptLauncher
 from accord.precision import Precision
-from accord.strategies.launchers.multiprocessing import MultiprocessingLauncher
-from accord.strategies.launchers.subprocess_script import SubprocessScriptLauncher
-from accord.strategies.parallel import ParallelStrategy
-from accord.strategies.step_module import StepModule
 
 __all__ = ["DDPStrategy"]
 

@@ -50,12 +50,12 @@ from torch import nn
 from typing_extensions import override
 
 from accord.accelerators.accelerator import Accelerator
-from accord.collectives.collective import Collective
-from accord.collectives.horovod import _MOVABLE, HorovodCollective, _hvd, horovod_available
+from accord.core.collective import Collective
+from accord.core.parallel import ParallelStrategy
+from accord.engines.horovod.collective import _MOVABLE, HorovodCollective, _hvd, horovod_available
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError, MissingDependencyError
 from accord.precision import Precision
-from accord.strategies.parallel import ParallelStrategy
 
 __all__ = ["BFloat16AsFloat32", "HorovodStrategy", "launched_by_horovod"]
 

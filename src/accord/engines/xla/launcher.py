@@ -30,7 +30,7 @@ from typing_extensions import override
 
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError, RankFailureError
-from accord.strategies.launchers.multiprocessing import MultiprocessingLauncher
+from accord.launchers.multiprocessing import MultiprocessingLauncher
 
 __all__ = ["XLALauncher"]
 
@@ -43,7 +43,7 @@ def _error_file(directory: str, rank: int) -> Path:
 
 def _rank_main(index: int, work: bytes, directory: str, grace: float) -> None:
     """One rank of an ``xmp.spawn`` run (module level, so the process pool can pickle it)."""
-    from accord.strategies.strategy import move_to_device
+    from accord.core.strategy import move_to_device
 
     fn, args, kwargs, owner = pickle.loads(work)  # this rank's own copies
     try:

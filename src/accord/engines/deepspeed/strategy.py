@@ -51,15 +51,15 @@ from typing_extensions import override
 
 from accord.accelerators.accelerator import Accelerator
 from accord.checkpoint_io import save_checkpoint_file, write_bytes_atomically
-from accord.collectives.collective import Collective
-from accord.collectives.deepspeed import DeepSpeedCollective
+from accord.core.collective import Collective
+from accord.core.parallel import ParallelStrategy
+from accord.core.step_module import StepModule
+from accord.engines.deepspeed.collective import DeepSpeedCollective
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import CheckpointError, ConfigurationError, MissingDependencyError
+from accord.launchers.multiprocessing import MultiprocessingLauncher
+from accord.launchers.subprocess_script import SubprocessScriptLauncher
 from accord.precision import Precision, PrecisionMode
-from accord.strategies.launchers.multiprocessing import MultiprocessingLauncher
-from accord.strategies.launchers.subprocess_script import SubprocessScriptLauncher
-from accord.strategies.parallel import ParallelStrategy
-from accord.strategies.step_module import StepModule
 
 __all__ = ["DeepSpeedPrecision", "DeepSpeedStrategy", "consolidate_deepspeed_checkpoint"]
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import Self, override
 
-from accord.collectives.collective import Collective, ReduceOp
+from accord.core.collective import Collective, ReduceOp
 from accord.errors import CollectiveError, CollectiveTimeoutError, ConfigurationError
 
 if TYPE_CHECKING:

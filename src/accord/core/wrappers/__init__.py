@@ -1,0 +1,1 @@
+"""Wrappers that work around any collective: debug checks, the watchdog, statistics."""

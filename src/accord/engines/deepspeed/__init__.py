@@ -1,0 +1,1 @@
+"""DeepSpeed: its collective (deepspeed.comm), the ZeRO strategy and its checkpoint format."""

@@ -1,0 +1,1 @@
+"""Horovod: its collective and the strategy for jobs started by ``horovodrun``."""

@@ -1,0 +1,1 @@
+"""One device, one process: the collective whose every op is the identity."""

@@ -1,0 +1,1 @@
+"""torch.distributed: TorchCollective and the DDP, DP and FSDP strategies built on it."""
