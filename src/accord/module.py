@@ -30,7 +30,7 @@ class Module(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self._trainer: Trainer | None = None
+        self._owner: Trainer | None = None
 
     # ------------------------------------------------------------------ context
     @property
@@ -40,16 +40,16 @@ class Module(nn.Module):
         Raises:
             ConfigurationError: the module is not attached to a Trainer.
         """
-        if self._trainer is None:
+        if self._owner is None:
             raise ConfigurationError(
                 f"{type(self).__name__} is not attached to a Trainer; call trainer.fit(model) "
                 "(or validate/test/predict) first."
             )
-        return self._trainer
+        return self._owner
 
     @trainer.setter
     def trainer(self, trainer: Trainer | None) -> None:
-        self._trainer = trainer
+        self._owner = trainer
 
     @property
     def device(self) -> torch.device:
@@ -61,27 +61,27 @@ class Module(nn.Module):
     @property
     def current_epoch(self) -> int:
         """The epoch the Trainer is in (0-based)."""
-        return self._trainer.current_epoch if self._trainer is not None else 0
+        return self._owner.current_epoch if self._owner is not None else 0
 
     @property
     def global_step(self) -> int:
         """Optimizer steps taken so far."""
-        return self._trainer.global_step if self._trainer is not None else 0
+        return self._owner.global_step if self._owner is not None else 0
 
     @property
     def global_rank(self) -> int:
         """This process's rank among all processes."""
-        return self._trainer.global_rank if self._trainer is not None else 0
+        return self._owner.global_rank if self._owner is not None else 0
 
     @property
     def local_rank(self) -> int:
         """This process's rank on its node."""
-        return self._trainer.local_rank if self._trainer is not None else 0
+        return self._owner.local_rank if self._owner is not None else 0
 
     def __getstate__(self) -> dict[str, Any]:
         # The Trainer is not part of the model: a pickled module (ddp_spawn) travels alone.
         state = dict(self.__dict__)
-        state["_trainer"] = None
+        state["_owner"] = None
         return state
 
     # ------------------------------------------------------------------ logging
@@ -114,12 +114,12 @@ class Module(nn.Module):
                 one collective call.
             batch_size: the weight of this value in an epoch mean (default: 1).
         """
-        if self._trainer is None:
+        if self._owner is None:
             raise ConfigurationError(
                 f"self.log({name!r}) was called outside a Trainer run; log from the step "
                 "and epoch hooks."
             )
-        self._trainer._metrics.log(
+        self._owner._metrics.log(
             name,
             value,
             prog_bar=prog_bar,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from typing_extensions import override
@@ -11,9 +11,15 @@ from accord.accelerators.accelerator import Accelerator
 from accord.core.collective import Collective
 from accord.core.strategy import Strategy
 from accord.environments.cluster_environment import ClusterEnvironment
+from accord.errors import ConfigurationError
+from accord.launchers.multiprocessing import MultiprocessingLauncher
+from accord.launchers.subprocess_script import SubprocessScriptLauncher
 from accord.precision import Precision
 
-__all__ = ["ParallelStrategy"]
+__all__ = ["ParallelStrategy", "StartMethod"]
+
+StartMethod = Literal["popen", "spawn", "fork", "forkserver"]
+"""How accord starts the local ranks: re-run the script (``popen``) or a multiprocessing method."""
 
 
 class ParallelStrategy(Strategy):
@@ -22,7 +28,14 @@ class ParallelStrategy(Strategy):
     Args:
         parallel_devices: this node's devices, one per process (the Trainer fills it in).
         num_nodes: how many machines take part.
+        start_method: how accord starts the local ranks when nothing else did (torchrun,
+            SLURM): ``"popen"`` re-runs the script once per rank; ``"spawn"``, ``"fork"`` and
+            ``"forkserver"`` start them with `multiprocessing`. Strategies whose engine
+            starts its own processes ignore it.
         accelerator, collective, cluster_environment, precision, debug: as `Strategy`.
+
+    Raises:
+        ConfigurationError: ``start_method`` is not one of those four.
     """
 
     def __init__(
@@ -34,11 +47,30 @@ class ParallelStrategy(Strategy):
         precision: Precision | None = None,
         num_nodes: int = 1,
         *,
+        start_method: StartMethod = "popen",
         debug: bool = False,
     ) -> None:
         super().__init__(accelerator, collective, cluster_environment, precision, debug=debug)
+        if start_method not in get_args(StartMethod):
+            raise ConfigurationError(
+                f"start_method={start_method!r} is not one of "
+                f"{', '.join(repr(m) for m in get_args(StartMethod))}."
+            )
         self.parallel_devices = parallel_devices
         self.num_nodes = num_nodes
+        self.start_method: StartMethod = start_method
+
+    @override
+    def _configure_launcher(self) -> None:
+        env = self.cluster_environment
+        if env is None or env.creates_processes_externally:
+            self._launcher = None
+        elif self.start_method == "popen":
+            self._launcher = SubprocessScriptLauncher(env, self.num_processes, self.num_nodes)
+        else:
+            self._launcher = MultiprocessingLauncher(
+                env, self.num_processes, self.start_method, self.num_nodes
+            )
 
     @property
     def num_processes(self) -> int:

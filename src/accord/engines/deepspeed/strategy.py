@@ -43,7 +43,7 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -52,18 +52,15 @@ from typing_extensions import override
 from accord.accelerators.accelerator import Accelerator
 from accord.checkpoint_io import save_checkpoint_file, write_bytes_atomically
 from accord.core.collective import Collective
-from accord.core.parallel import ParallelStrategy
+from accord.core.parallel import ParallelStrategy, StartMethod
 from accord.core.step_module import StepModule
 from accord.engines.deepspeed.collective import DeepSpeedCollective
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import CheckpointError, ConfigurationError, MissingDependencyError
-from accord.launchers.multiprocessing import MultiprocessingLauncher
-from accord.launchers.subprocess_script import SubprocessScriptLauncher
 from accord.precision import Precision, PrecisionMode
 
 __all__ = ["DeepSpeedPrecision", "DeepSpeedStrategy", "consolidate_deepspeed_checkpoint"]
 
-StartMethod = Literal["popen", "spawn", "fork", "forkserver"]
 
 _STAGES = (1, 2, 3)
 _TAGS = ("checkpoint-0", "checkpoint-1")
@@ -218,14 +215,9 @@ class DeepSpeedStrategy(ParallelStrategy):
             collective,
             precision,
             num_nodes,
+            start_method=start_method,
             debug=debug,
         )
-        if start_method not in ("popen", "spawn", "fork", "forkserver"):
-            raise ConfigurationError(
-                f"start_method={start_method!r} is not one of 'popen', 'spawn', 'fork', "
-                "'forkserver'."
-            )
-        self.start_method = start_method
         self.process_group_backend = process_group_backend
         self.timeout = timeout
         self.config = _build_config(
@@ -262,18 +254,6 @@ class DeepSpeedStrategy(ParallelStrategy):
     @override
     def default_collective(self) -> Collective:
         return DeepSpeedCollective(self.process_group_backend, timeout=self.timeout)
-
-    @override
-    def _configure_launcher(self) -> None:
-        env = self.cluster_environment
-        if env is None or env.creates_processes_externally:
-            self._launcher = None
-        elif self.start_method == "popen":
-            self._launcher = SubprocessScriptLauncher(env, self.num_processes, self.num_nodes)
-        else:
-            self._launcher = MultiprocessingLauncher(
-                env, self.num_processes, self.start_method, self.num_nodes
-            )
 
     # ------------------------------------------------------------- the engine
     @override

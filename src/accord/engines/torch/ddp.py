@@ -14,18 +14,15 @@ from typing_extensions import override
 
 from accord.accelerators.accelerator import Accelerator
 from accord.core.collective import Collective
-from accord.core.parallel import ParallelStrategy
+from accord.core.parallel import ParallelStrategy, StartMethod
 from accord.core.step_module import StepModule
 from accord.engines.torch.collective import TorchCollective, default_torch_backend
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
-from accord.launchers.multiprocessing import MultiprocessingLauncher
-from accord.launchers.subprocess_script import SubprocessScriptLauncher
 from accord.precision import Precision
 
 __all__ = ["DDPStrategy"]
 
-StartMethod = Literal["popen", "spawn", "fork", "forkserver"]
 GradientSync = Literal["native", "collective"]
 
 
@@ -72,18 +69,13 @@ class DDPStrategy(ParallelStrategy):
             collective,
             precision,
             num_nodes,
+            start_method=start_method,
             debug=debug,
         )
-        if start_method not in ("popen", "spawn", "fork", "forkserver"):
-            raise ConfigurationError(
-                f"start_method={start_method!r} is not one of 'popen', 'spawn', 'fork', "
-                "'forkserver'."
-            )
         if gradient_sync not in ("native", "collective"):
             raise ConfigurationError(
                 f"gradient_sync={gradient_sync!r}: use 'native' or 'collective'."
             )
-        self.start_method = start_method
         self.process_group_backend = process_group_backend
         self.timeout = timeout
         self.gradient_sync = gradient_sync
@@ -93,18 +85,6 @@ class DDPStrategy(ParallelStrategy):
     def default_collective(self) -> Collective:
         backend = self.process_group_backend or default_torch_backend(self.root_device)
         return TorchCollective(backend, timeout=self.timeout)
-
-    @override
-    def _configure_launcher(self) -> None:
-        env = self.cluster_environment
-        if env is None or env.creates_processes_externally:
-            self._launcher = None
-        elif self.start_method == "popen":
-            self._launcher = SubprocessScriptLauncher(env, self.num_processes, self.num_nodes)
-        else:
-            self._launcher = MultiprocessingLauncher(
-                env, self.num_processes, self.start_method, self.num_nodes
-            )
 
     @override
     def setup_module(self, module: nn.Module) -> nn.Module:

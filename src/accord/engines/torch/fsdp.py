@@ -36,7 +36,6 @@ from accord.core.step_module import StepModule
 from accord.engines.torch.collective import TorchCollective, default_torch_backend
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import CheckpointError, ConfigurationError
-from accord.launchers.subprocess_script import SubprocessScriptLauncher
 from accord.precision import Precision, PrecisionMode
 
 if TYPE_CHECKING:
@@ -139,14 +138,6 @@ class FSDPStrategy(ParallelStrategy):
     def default_collective(self) -> Collective:
         backend = self.process_group_backend or default_torch_backend(self.root_device)
         return TorchCollective(backend, timeout=self.timeout)
-
-    @override
-    def _configure_launcher(self) -> None:
-        env = self.cluster_environment
-        if env is None or env.creates_processes_externally:
-            self._launcher = None
-        else:
-            self._launcher = SubprocessScriptLauncher(env, self.num_processes, self.num_nodes)
 
     # ------------------------------------------------------------------ wrapping
     @override
