@@ -26,6 +26,7 @@ from accord.core.wrappers.stats import CollectiveStats, InstrumentedCollective
 from accord.core.wrappers.watchdog import maybe_watchdog
 from accord.core.wrappers.wrapper import unwrap
 from accord.environments.cluster_environment import ClusterEnvironment
+from accord.errors import ConfigurationError
 from accord.precision import Precision
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["RunSettings", "Strategy"]
 
 T = TypeVar("T")
+_C = TypeVar("_C", bound=Collective)
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,27 @@ class Strategy(ABC):
     def base_collective(self) -> Collective:
         """The backend collective inside any debug, statistics or watchdog wrappers."""
         return unwrap(self.collective)
+
+    def engine_collective(self, kind: type[_C]) -> _C:
+        """The collective as a ``kind``, for the engine operations only that kind has.
+
+        Engine-specific operations (a process group or device mesh, Horovod's parameter
+        broadcast and join, XLA's gradient reduction) are methods of the engine's
+        collective; a strategy reaches them here, through any debug, statistics or
+        watchdog wrappers, and a user's subclass of ``kind`` is accepted.
+
+        Raises:
+            ConfigurationError: the collective is not a ``kind``.
+        """
+        base = unwrap(self.collective)
+        if not isinstance(base, kind):
+            raise ConfigurationError(
+                f"{type(self).__name__} needs a {kind.__name__} (or a subclass of it) for "
+                f"{kind.__name__}'s own operations, but its collective is a "
+                f"{type(base).__name__}. Pass collective={kind.__name__}(...) or a subclass, "
+                "or override default_collective() to return one."
+            )
+        return base
 
     def enable_collective_stats(self) -> CollectiveStats:
         """Count calls and time of every collective op on this rank from now on."""
