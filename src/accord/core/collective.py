@@ -4,70 +4,25 @@ A backend implements a handful of in-place primitives on private, contiguous buf
 (`_all_reduce_`, `_broadcast_`, `_all_gather_into`, `_reduce_scatter_into`, `_barrier`);
 this base class turns them into the public operations and owns everything the contract
 promises on every backend: inputs are never modified, results land on the input's device
-(or in a caller-owned ``out=`` tensor), ``mean`` is sum-then-divide so an integer mean is a
-float, op names are parsed in one place, object ops are pickled here without numpy.
+(or in a caller-owned ``out=`` tensor), ``mean`` of an integer tensor is a float, op names
+are parsed in one place (`accord.core.reduce_op`), and objects travel as pickled bytes on the
+backend's own primitives (`accord.core.objects`), without numpy.
 """
 
 from __future__ import annotations
 
-import pickle
 from abc import ABC, abstractmethod
-from enum import Enum
 from typing import Any, ClassVar
 
 import torch
 from typing_extensions import Self
 
-from accord.errors import CollectiveError, CollectiveNotSetupError
+from accord.core.buffers import check_out, finish, same_memory, work_buffer
+from accord.core.objects import all_gather_object, broadcast_object
+from accord.core.reduce_op import OP_SPELLINGS, ReduceOp, ReduceOpLike, reduce_dtypes
+from accord.errors import CollectiveNotSetupError
 
 __all__ = ["Collective", "ReduceOp", "ReduceOpLike"]
-
-
-class ReduceOp(str, Enum):
-    """A reduction, named as accord names it on every backend."""
-
-    SUM = "sum"
-    MEAN = "mean"
-    MAX = "max"
-    MIN = "min"
-    PRODUCT = "product"
-
-    def __str__(self) -> str:
-        return self.value
-
-    @classmethod
-    def parse(cls, op: ReduceOpLike) -> ReduceOp:
-        """Normalise ``op`` (a name, a `ReduceOp`, or a `torch.distributed.ReduceOp`).
-
-        Names are case-insensitive; ``avg`` and ``prod`` are aliases.
-
-        Raises:
-            ValueError: ``op`` names no supported reduction.
-        """
-        if isinstance(op, ReduceOp):
-            return op
-        name = op if isinstance(op, str) else getattr(op, "name", None)
-        if isinstance(name, str):
-            key = name.strip().lower()
-            parsed = _ALIASES.get(key)
-            if parsed is None and key in _BY_VALUE:
-                parsed = _BY_VALUE[key]
-            if parsed is not None:
-                return parsed
-        valid = ", ".join(repr(v) for v in [*_BY_VALUE, *_ALIASES])
-        raise ValueError(
-            f"Unsupported reduce op {op!r}. Use one of {valid} "
-            "(case-insensitive), or the matching torch.distributed.ReduceOp."
-        )
-
-
-_BY_VALUE = {member.value: member for member in ReduceOp}
-_ALIASES = {"avg": ReduceOp.MEAN, "prod": ReduceOp.PRODUCT}
-_PARSED: dict[str, ReduceOp] = {**{m: m for m in ReduceOp}, **_BY_VALUE, **_ALIASES}
-"""Exact spellings looked up before `ReduceOp.parse` normalises anything else."""
-
-ReduceOpLike = str | ReduceOp | Any
-"""Anything `ReduceOp.parse` accepts."""
 
 
 class Collective(ABC):
@@ -170,7 +125,7 @@ class Collective(ABC):
         tensor counts the ranks holding True (int64); ``max``/``min``/``product`` of bools
         are any/all/all. Returns a new tensor, or ``out`` filled with the result.
         """
-        reduce_op = _PARSED.get(op) if isinstance(op, str) else None
+        reduce_op = OP_SPELLINGS.get(op) if isinstance(op, str) else None
         if reduce_op is None:
             reduce_op = ReduceOp.parse(op)
         if not (isinstance(tensor, torch.Tensor) and self.is_setup):
@@ -186,13 +141,13 @@ class Collective(ABC):
             if reduce_op is ReduceOp.MEAN and backend_op is not ReduceOp.MEAN:
                 work.div_(self.world_size)
             return work
-        result_dtype, work_dtype = _reduce_dtypes(tensor.dtype, reduce_op)
-        work, target = self._work_buffer(tensor, tensor.shape, work_dtype, result_dtype, out)
+        result_dtype, work_dtype = reduce_dtypes(tensor.dtype, reduce_op)
+        work, target = work_buffer(tensor, tensor.shape, work_dtype, result_dtype, out)
         backend_op = self._backend_op(reduce_op, work)
         if work.numel():
             self._all_reduce_(work, backend_op)
         finish_op = ReduceOp.SUM if backend_op is ReduceOp.MEAN else reduce_op  # averaged
-        return self._finish(work, target, result_dtype, finish_op)
+        return finish(work, target, result_dtype, finish_op, self.world_size)
 
     def _backend_op(self, op: ReduceOp, work: torch.Tensor) -> ReduceOp:
         """The op `_all_reduce_` gets for ``op`` on ``work``: MEAN only where the backend
@@ -208,13 +163,13 @@ class Collective(ABC):
         self._check_ready("broadcast", tensor)
         self._check_rank("src", src)
         if out is not None:
-            self._check_out(out, tensor.shape, tensor.dtype, tensor.device)
+            check_out(out, tensor.shape, tensor.dtype, tensor.device)
         buffer = (
             out
             if out is not None and out.is_contiguous()
             else torch.empty_like(tensor, memory_format=torch.contiguous_format)
         )
-        if self.rank == src and not _same_memory(buffer, tensor):
+        if self.rank == src and not same_memory(buffer, tensor):
             buffer.copy_(tensor)
         if buffer.numel():
             self._broadcast_(buffer, src)
@@ -231,7 +186,7 @@ class Collective(ABC):
         self._check_ready("all_gather", tensor)
         shape = (self.world_size, *tensor.shape)
         if out is not None:
-            self._check_out(out, shape, tensor.dtype, tensor.device)
+            check_out(out, shape, tensor.dtype, tensor.device)
         output = out if out is not None and out.is_contiguous() else tensor.new_empty(shape)
         if tensor.numel():
             self._all_gather_into(output, tensor.contiguous())
@@ -255,16 +210,16 @@ class Collective(ABC):
                 f"{self.world_size}, got shape {tuple(tensor.shape)}. Pad the tensor first."
             )
         shape = (tensor.shape[0] // self.world_size, *tensor.shape[1:])
-        result_dtype, work_dtype = _reduce_dtypes(tensor.dtype, reduce_op)
+        result_dtype, work_dtype = reduce_dtypes(tensor.dtype, reduce_op)
         if out is not None:
-            self._check_out(out, shape, result_dtype, tensor.device)
+            check_out(out, shape, result_dtype, tensor.device)
         direct = out is not None and out.is_contiguous() and out.dtype == work_dtype
         work = out if direct and out is not None else tensor.new_empty(shape, dtype=work_dtype)
         source = tensor.to(work_dtype).contiguous()
         if source.numel():
             base_op = ReduceOp.SUM if reduce_op is ReduceOp.MEAN else reduce_op
             self._reduce_scatter_into(work, source, base_op)
-        return self._finish(work, out, result_dtype, reduce_op)
+        return finish(work, out, result_dtype, reduce_op, self.world_size)
 
     def barrier(self, name: str | None = None) -> None:
         """Block until every rank reaches the barrier; ``name`` labels it in diagnostics."""
@@ -284,7 +239,7 @@ class Collective(ABC):
         self._check_ready("recv", tensor)
         self._check_rank("src", src)
         if out is not None:
-            self._check_out(out, tensor.shape, tensor.dtype, tensor.device)
+            check_out(out, tensor.shape, tensor.dtype, tensor.device)
         buffer = (
             out
             if out is not None and out.is_contiguous()
@@ -305,7 +260,7 @@ class Collective(ABC):
         output: torch.Tensor | None = None
         if self.rank == dst:
             if out is not None:
-                self._check_out(out, shape, tensor.dtype, tensor.device)
+                check_out(out, shape, tensor.dtype, tensor.device)
             output = out if out is not None and out.is_contiguous() else tensor.new_empty(shape)
         if tensor.numel():
             self._gather_into(output, tensor.contiguous(), dst)
@@ -330,7 +285,7 @@ class Collective(ABC):
             )
         shape = tensor.shape[1:]
         if out is not None:
-            self._check_out(out, shape, tensor.dtype, tensor.device)
+            check_out(out, shape, tensor.dtype, tensor.device)
         output = out if out is not None and out.is_contiguous() else tensor.new_empty(shape)
         if tensor.numel():
             source = tensor.contiguous() if self.rank == src else None
@@ -351,11 +306,11 @@ class Collective(ABC):
                 f"{self.world_size}, got shape {tuple(tensor.shape)}."
             )
         if out is not None:
-            self._check_out(out, tensor.shape, tensor.dtype, tensor.device)
+            check_out(out, tensor.shape, tensor.dtype, tensor.device)
         output = out if out is not None and out.is_contiguous() else tensor.new_empty(tensor.shape)
         if tensor.numel():
             source = tensor.contiguous()
-            if _same_memory(output, source):
+            if same_memory(output, source):
                 source = source.clone()
             self._all_to_all_into(output, source)
         if out is not None and output is not out:
@@ -372,29 +327,7 @@ class Collective(ABC):
         """
         self._require_setup("broadcast_object")
         self._check_rank("src", src)
-        device = self.object_device
-        payload, error = _pickle(obj) if self.rank == src else (b"", None)
-        size = torch.tensor(
-            [len(payload) if error is None else -1], dtype=torch.int64, device=device
-        )
-        self._broadcast_(size, src)
-        if int(size.item()) < 0:
-            if error is not None:
-                raise error
-            raise CollectiveError(
-                f"broadcast_object: rank {src} could not pickle its object; see the TypeError "
-                f"raised on rank {src}."
-            )
-        data = (
-            _bytes_to_tensor(payload, device)
-            if self.rank == src
-            else torch.empty(int(size.item()), dtype=torch.uint8, device=device)
-        )
-        if data.numel():
-            self._broadcast_(data, src)
-        if self.rank == src:
-            return pickle.loads(payload)
-        return pickle.loads(_tensor_to_bytes(data))
+        return broadcast_object(obj, src, self.rank, self.object_device, self._broadcast_)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Return every rank's picklable ``obj``, in rank order.
@@ -404,33 +337,9 @@ class Collective(ABC):
             CollectiveError: on the other ranks in that case, naming the failing ranks.
         """
         self._require_setup("all_gather_object")
-        device = self.object_device
-        payload, error = _pickle(obj)
-        size = torch.tensor(
-            [len(payload) if error is None else -1], dtype=torch.int64, device=device
+        return all_gather_object(
+            obj, self.rank, self.world_size, self.object_device, self._all_gather_into
         )
-        sizes_tensor = torch.empty((self.world_size, 1), dtype=torch.int64, device=device)
-        self._all_gather_into(sizes_tensor, size)
-        sizes = [int(s) for s in sizes_tensor.flatten().tolist()]
-        failed = [rank for rank, s in enumerate(sizes) if s < 0]
-        if failed:
-            if error is not None:
-                raise error
-            raise CollectiveError(
-                f"all_gather_object: rank(s) {failed} could not pickle their object; see the "
-                "TypeError raised there."
-            )
-        longest = max(sizes)
-        padded = torch.zeros(longest, dtype=torch.uint8, device=device)
-        padded[: len(payload)] = _bytes_to_tensor(payload, device)
-        gathered = torch.empty((self.world_size, longest), dtype=torch.uint8, device=device)
-        if longest:
-            self._all_gather_into(gathered, padded)
-        rows = gathered.cpu()
-        return [
-            obj if rank == self.rank else pickle.loads(_tensor_to_bytes(rows[rank, :n]))
-            for rank, n in enumerate(sizes)
-        ]
 
     # --------------------------------------------------------------- helpers
     def __repr__(self) -> str:
@@ -468,102 +377,3 @@ class Collective(ABC):
                 f"{role}={rank!r} is not a rank of this group; use an int in "
                 f"[0, {self.world_size - 1}]."
             )
-
-    @staticmethod
-    def _check_out(out: torch.Tensor, shape: Any, dtype: torch.dtype, device: torch.device) -> None:
-        if not isinstance(out, torch.Tensor):
-            raise TypeError(f"out= must be a torch.Tensor, got {type(out).__name__}.")
-        if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != device:
-            raise ValueError(
-                f"out= must have shape {tuple(shape)}, dtype {dtype} and device {device}; "
-                f"got shape {tuple(out.shape)}, dtype {out.dtype}, device {out.device}."
-            )
-
-    def _work_buffer(
-        self,
-        tensor: torch.Tensor,
-        shape: Any,
-        work_dtype: torch.dtype,
-        result_dtype: torch.dtype,
-        out: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """A contiguous buffer of ``work_dtype`` holding ``tensor``'s values, and the ``out``."""
-        if out is tensor and tensor.dtype == work_dtype == result_dtype and out.is_contiguous():
-            return out, out  # in place: shape, dtype and device match by construction
-        if out is not None:
-            self._check_out(out, shape, result_dtype, tensor.device)
-            if out.is_contiguous() and out.dtype == work_dtype:
-                if not _same_memory(out, tensor) or out.stride() != tensor.stride():
-                    out.copy_(tensor)
-                return out, out
-        # One fused allocate-and-copy (cheaper than empty + copy_ for small tensors).
-        if tensor.dtype == work_dtype:
-            work = tensor.clone(memory_format=torch.contiguous_format)
-        else:
-            work = tensor.to(work_dtype, memory_format=torch.contiguous_format)
-        return work, out
-
-    def _finish(
-        self,
-        work: torch.Tensor,
-        out: torch.Tensor | None,
-        result_dtype: torch.dtype,
-        op: ReduceOp,
-    ) -> torch.Tensor:
-        """Turn a reduced work buffer into the result: divide for mean, cast, fill ``out``."""
-        if op is ReduceOp.MEAN:
-            if work.is_floating_point():
-                work.div_(self.world_size)
-            else:
-                work = work.to(result_dtype).div_(self.world_size)
-        elif work.dtype != result_dtype:
-            work = work.to(result_dtype)
-        if out is not None and work is not out:
-            return out.copy_(work)
-        return work
-
-
-def _reduce_dtypes(dtype: torch.dtype, op: ReduceOp) -> tuple[torch.dtype, torch.dtype]:
-    """(result dtype, dtype the backend reduces in) for ``op`` on ``dtype``."""
-    if dtype == torch.bool:
-        if op is ReduceOp.SUM:
-            return torch.int64, torch.int64
-        if op is ReduceOp.MEAN:
-            return torch.get_default_dtype(), torch.int64
-        return torch.bool, torch.uint8
-    if op is ReduceOp.MEAN and not (dtype.is_floating_point or dtype.is_complex):
-        return torch.get_default_dtype(), dtype
-    return dtype, dtype
-
-
-def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether ``a`` and ``b`` start at the same memory.
-
-    Tensors without host-visible storage (XLA's) all report ``data_ptr() == 0``; for them
-    only the same tensor object counts as the same memory.
-    """
-    if a is b:
-        return True
-    address = a.data_ptr()
-    return address != 0 and address == b.data_ptr()
-
-
-def _pickle(obj: Any) -> tuple[bytes, TypeError | None]:
-    try:
-        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), None
-    except Exception as err:  # pickle raises several types; all mean "not transferable"
-        return b"", TypeError(
-            f"Cannot send an object of type {type(obj).__name__} between ranks: it is not "
-            f"picklable ({err}). Send plain data (tensors, numbers, strings, lists, dicts)."
-        )
-
-
-def _bytes_to_tensor(payload: bytes, device: torch.device) -> torch.Tensor:
-    if not payload:
-        return torch.empty(0, dtype=torch.uint8, device=device)
-    return torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
-
-
-def _tensor_to_bytes(tensor: torch.Tensor) -> bytes:
-    # clone() gives the bytes their own storage, so a row of a larger tensor pickles alone.
-    return bytes(tensor.cpu().clone().untyped_storage())

@@ -1,0 +1,87 @@
+"""Buffers behind the public tensor ops: checked ``out=`` tensors and work buffers.
+
+`Collective` keeps its promises (inputs never modified, results on the input's device or in
+the caller's ``out=``, integer means as floats) with these helpers, written once for every op.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from accord.core.reduce_op import ReduceOp
+
+__all__ = [
+    "check_out",
+    "finish",
+    "same_memory",
+    "work_buffer",
+]
+
+
+def check_out(out: torch.Tensor, shape: Any, dtype: torch.dtype, device: torch.device) -> None:
+    """Refuse an ``out=`` tensor whose shape, dtype or device differs from the result's."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out= must be a torch.Tensor, got {type(out).__name__}.")
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != device:
+        raise ValueError(
+            f"out= must have shape {tuple(shape)}, dtype {dtype} and device {device}; "
+            f"got shape {tuple(out.shape)}, dtype {out.dtype}, device {out.device}."
+        )
+
+
+def work_buffer(
+    tensor: torch.Tensor,
+    shape: Any,
+    work_dtype: torch.dtype,
+    result_dtype: torch.dtype,
+    out: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A contiguous buffer of ``work_dtype`` holding ``tensor``'s values, and the ``out``."""
+    if out is tensor and tensor.dtype == work_dtype == result_dtype and out.is_contiguous():
+        return out, out  # in place: shape, dtype and device match by construction
+    if out is not None:
+        check_out(out, shape, result_dtype, tensor.device)
+        if out.is_contiguous() and out.dtype == work_dtype:
+            if not same_memory(out, tensor) or out.stride() != tensor.stride():
+                out.copy_(tensor)
+            return out, out
+    # One fused allocate-and-copy (cheaper than empty + copy_ for small tensors).
+    if tensor.dtype == work_dtype:
+        work = tensor.clone(memory_format=torch.contiguous_format)
+    else:
+        work = tensor.to(work_dtype, memory_format=torch.contiguous_format)
+    return work, out
+
+
+def finish(
+    work: torch.Tensor,
+    out: torch.Tensor | None,
+    result_dtype: torch.dtype,
+    op: ReduceOp,
+    world_size: int,
+) -> torch.Tensor:
+    """Turn a reduced work buffer into the result: divide for mean, cast, fill ``out``."""
+    if op is ReduceOp.MEAN:
+        if work.is_floating_point():
+            work.div_(world_size)
+        else:
+            work = work.to(result_dtype).div_(world_size)
+    elif work.dtype != result_dtype:
+        work = work.to(result_dtype)
+    if out is not None and work is not out:
+        return out.copy_(work)
+    return work
+
+
+def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` start at the same memory.
+
+    Tensors without host-visible storage (XLA's) all report ``data_ptr() == 0``; for them
+    only the same tensor object counts as the same memory.
+    """
+    if a is b:
+        return True
+    address = a.data_ptr()
+    return address != 0 and address == b.data_ptr()
