@@ -14,6 +14,7 @@ from enum import Enum
 from typing import Any
 
 import torch
+from lightning_utilities.core.apply_func import apply_to_collection
 
 from accord.errors import ConfigurationError, did_you_mean
 
@@ -141,12 +142,6 @@ _TRUE_DTYPES = {PrecisionMode.BF16_TRUE: torch.bfloat16, PrecisionMode.FP16_TRUE
 
 
 def _cast_floating(batch: Any, dtype: torch.dtype) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(dtype) if batch.is_floating_point() else batch
-    if isinstance(batch, dict):
-        return type(batch)((key, _cast_floating(value, dtype)) for key, value in batch.items())
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-        return type(batch)(*(_cast_floating(value, dtype) for value in batch))
-    if isinstance(batch, list | tuple):
-        return type(batch)(_cast_floating(value, dtype) for value in batch)
-    return batch
+    return apply_to_collection(
+        batch, torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t
+    )

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from accord.collectives import Collective, SingleDeviceCollective, TorchCollective
-from accord.core.wrappers.debug import DEBUG_ENV_VAR, DebugCollective, maybe_debug
+from accord.core.wrappers.debug import DebugCollective
+from accord.core.wrappers.policy import DEBUG_ENV_VAR, maybe_debug
 from accord.core.wrappers.stats import InstrumentedCollective
 from accord.core.wrappers.wrapper import unwrap
 from accord.errors import CollectiveMismatchError, CollectiveNotSetupError, ConfigurationError

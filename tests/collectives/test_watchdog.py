@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from accord.collectives import Collective, SingleDeviceCollective, TorchCollective
-from accord.core.wrappers.watchdog import TIMEOUT_ENV_VAR, WatchdogCollective, maybe_watchdog
+from accord.core.wrappers.policy import TIMEOUT_ENV_VAR, maybe_watchdog
+from accord.core.wrappers.watchdog import WatchdogCollective
 from accord.errors import (
     CollectiveError,
     CollectiveMismatchError,

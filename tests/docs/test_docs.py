@@ -79,6 +79,7 @@ SUBMODULES = (
     "accord.core.wrappers.debug",
     "accord.core.wrappers.stats",
     "accord.core.wrappers.watchdog",
+    "accord.core.wrappers.policy",
     "accord.engines.torch.fsdp",
     "accord.engines.deepspeed.strategy",
     "accord.engines.horovod.strategy",

@@ -9,9 +9,10 @@ collective.
 
 from accord.core.collective import Collective, ReduceOp, ReduceOpLike
 from accord.core.lazy import lazy_exports
-from accord.core.wrappers.debug import DebugCollective, maybe_debug
+from accord.core.wrappers.debug import DebugCollective
+from accord.core.wrappers.policy import maybe_debug, maybe_watchdog
 from accord.core.wrappers.stats import CollectiveStats, InstrumentedCollective, OpStats
-from accord.core.wrappers.watchdog import WatchdogCollective, maybe_watchdog
+from accord.core.wrappers.watchdog import WatchdogCollective
 from accord.core.wrappers.wrapper import CollectiveWrapper, unwrap
 from accord.engines.single.collective import SingleDeviceCollective
 from accord.engines.torch.collective import TorchCollective

@@ -1,18 +1,23 @@
-"""Buffers behind the public tensor ops: checked ``out=`` tensors and work buffers.
+"""Tensor plumbing shared by collectives and strategies.
 
-`Collective` keeps its promises (inputs never modified, results on the input's device or in
-the caller's ``out=``, integer means as floats) with these helpers, written once for every op.
+``out=`` checks, work buffers, the uneven all_gather, moving a nested batch. `Collective`
+keeps its promises (inputs never modified, results on the input's device or in the caller's
+``out=``, integer means as floats) with these helpers, written once for every op.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from lightning_utilities.core.apply_func import apply_to_collection
 
 from accord.core.reduce_op import ReduceOp
 
 __all__ = [
+    "all_gather_uneven",
+    "move_to_device",
     "check_out",
     "finish",
     "same_memory",
@@ -85,3 +90,38 @@ def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
         return True
     address = a.data_ptr()
     return address != 0 and address == b.data_ptr()
+
+
+def all_gather_uneven(
+    all_gather: Callable[[torch.Tensor], torch.Tensor], tensor: torch.Tensor, *, even: bool
+) -> torch.Tensor:
+    """Every rank's ``tensor`` concatenated along dim 0, first dimensions allowed to differ.
+
+    ``all_gather`` is a collective's (stacking equal shapes). The tensors are padded to the
+    longest, gathered and trimmed; a 0-d tensor counts as one element. ``even=True`` skips
+    the exchange of lengths when every shape is known to be the same.
+    """
+    if tensor.dim() == 0:
+        tensor = tensor.reshape(1)
+    if even:
+        gathered = all_gather(tensor)
+        return gathered.reshape(-1, *gathered.shape[2:])
+    length = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=tensor.device)
+    lengths = all_gather(length).flatten().tolist()
+    longest = max(lengths)
+    if tensor.shape[0] < longest:
+        padded = tensor.new_zeros((longest, *tensor.shape[1:]))
+        padded[: tensor.shape[0]] = tensor
+        tensor = padded
+    gathered = all_gather(tensor)
+    if all(n == longest for n in lengths):
+        return gathered.reshape(-1, *gathered.shape[2:])
+    return torch.cat([gathered[rank, :n] for rank, n in enumerate(lengths)])
+
+
+def move_to_device(batch: Any, device: torch.device) -> Any:
+    """Move the tensors of a nested batch to ``device``, keeping the container types."""
+    non_blocking = device.type == "cuda"
+    return apply_to_collection(
+        batch, torch.Tensor, torch.Tensor.to, device, non_blocking=non_blocking
+    )

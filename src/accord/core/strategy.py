@@ -20,10 +20,10 @@ from torch import nn
 from accord.accelerators.accelerator import Accelerator
 from accord.accelerators.cpu import CPUAccelerator
 from accord.checkpoint_io import load_checkpoint_file, save_checkpoint_file
+from accord.core.buffers import all_gather_uneven, move_to_device
 from accord.core.collective import Collective, ReduceOpLike
-from accord.core.wrappers.debug import DebugCollective, maybe_debug
+from accord.core.wrappers.policy import wrap_collective
 from accord.core.wrappers.stats import CollectiveStats, InstrumentedCollective
-from accord.core.wrappers.watchdog import maybe_watchdog
 from accord.core.wrappers.wrapper import unwrap
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
@@ -32,7 +32,7 @@ from accord.precision import Precision
 if TYPE_CHECKING:
     from accord.launchers.launcher import Launcher
 
-__all__ = ["RunSettings", "Strategy"]
+__all__ = ["RunSettings", "Strategy", "move_to_device"]
 
 T = TypeVar("T")
 _C = TypeVar("_C", bound=Collective)
@@ -112,7 +112,11 @@ class Strategy(ABC):
         """
         if self._collective is None:
             given = self._given_collective
-            self._collective = self._wrap(given if given is not None else self.default_collective())
+            self._collective = wrap_collective(
+                given if given is not None else self.default_collective(),
+                debug=self.debug,
+                stats=self.collective_stats,
+            )
         return self._collective
 
     @collective.setter
@@ -153,14 +157,6 @@ class Strategy(ABC):
             if self._collective is not None:
                 self._collective = InstrumentedCollective(self._collective, self.collective_stats)
         return self.collective_stats
-
-    def _wrap(self, collective: Collective) -> Collective:
-        wrapped = maybe_debug(collective)
-        if self.debug and not _has_layer(wrapped, DebugCollective):
-            wrapped = DebugCollective(wrapped)
-        if self.collective_stats is not None:
-            wrapped = InstrumentedCollective(wrapped, self.collective_stats)
-        return maybe_watchdog(wrapped)
 
     # ------------------------------------------------------------------ identity
     @property
@@ -366,22 +362,7 @@ class Strategy(ABC):
         ``even=True`` when every rank's shape is known to be the same: it skips the
         exchange of lengths, so the gather is a single collective call.
         """
-        if tensor.dim() == 0:
-            tensor = tensor.reshape(1)
-        if even:
-            gathered = self.collective.all_gather(tensor)
-            return gathered.reshape(-1, *gathered.shape[2:])
-        length = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=tensor.device)
-        lengths = self.collective.all_gather(length).flatten().tolist()
-        longest = max(lengths)
-        if tensor.shape[0] < longest:
-            padded = tensor.new_zeros((longest, *tensor.shape[1:]))
-            padded[: tensor.shape[0]] = tensor
-            tensor = padded
-        gathered = self.collective.all_gather(tensor)
-        if all(n == longest for n in lengths):
-            return gathered.reshape(-1, *gathered.shape[2:])
-        return torch.cat([gathered[rank, :n] for rank, n in enumerate(lengths)])
+        return all_gather_uneven(self.collective.all_gather, tensor, even=even)
 
     def gather_collective_stats(self) -> list[dict[str, dict[str, float]]]:
         """Every rank's `collective_stats` summary, in rank order (every rank must call it).
@@ -416,25 +397,3 @@ class Strategy(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(collective={type(self.collective).__name__})"
-
-
-def _has_layer(collective: Collective, kind: type[Collective]) -> bool:
-    layer: Collective | None = collective
-    while layer is not None:
-        if isinstance(layer, kind):
-            return True
-        layer = getattr(layer, "inner", None)
-    return False
-
-
-def move_to_device(batch: Any, device: torch.device) -> Any:
-    """Move the tensors of a nested batch to ``device``, keeping the container types."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=device.type == "cuda")
-    if isinstance(batch, dict):
-        return type(batch)((key, move_to_device(value, device)) for key, value in batch.items())
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-        return type(batch)(*(move_to_device(value, device) for value in batch))
-    if isinstance(batch, list | tuple):
-        return type(batch)(move_to_device(value, device) for value in batch)
-    return batch

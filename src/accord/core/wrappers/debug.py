@@ -15,8 +15,8 @@ measurably cheaper than all-gathering the fingerprints (two back-to-back all_red
 pipeline better than an all_gather followed by an all_reduce), and its size does not grow
 with the world size.
 
-Turn it on for a whole run with ``ACCORD_DEBUG_COLLECTIVES=1`` (strategies pass their
-collective through `maybe_debug`), or wrap a collective by hand.
+Turn it on for a whole run with ``ACCORD_DEBUG_COLLECTIVES=1`` (strategies wrap their
+collective through `accord.core.wrappers.policy.maybe_debug`), or wrap a collective by hand.
 """
 
 from __future__ import annotations
@@ -35,12 +35,9 @@ from typing_extensions import Self, override
 
 from accord.core.collective import Collective, ReduceOp
 from accord.core.wrappers.wrapper import CallSite, CollectiveWrapper, OpCall, call_site
-from accord.errors import CollectiveMismatchError, ConfigurationError
+from accord.errors import CollectiveMismatchError
 
-__all__ = ["DEBUG_ENV_VAR", "DebugCollective", "maybe_debug"]
-
-DEBUG_ENV_VAR = "ACCORD_DEBUG_COLLECTIVES"
-"""``1`` wraps strategies' collectives in `DebugCollective`; ``strict`` also compares call sites."""
+__all__ = ["DebugCollective"]
 
 _T = TypeVar("_T")
 
@@ -386,34 +383,3 @@ def _mismatch_message(descriptions: Sequence[dict[str, Any]], strict: bool) -> s
         "Every rank must make the same collective calls, with the same shapes, dtypes and "
         "src/dst/reduce op, in the same order."
     )
-
-
-_ON = ("1", "true", "yes", "on")
-_OFF = ("", "0", "false", "no", "off")
-
-
-def maybe_debug(collective: Collective) -> Collective:
-    """Wrap ``collective`` in a `DebugCollective` when ``ACCORD_DEBUG_COLLECTIVES`` asks for it.
-
-    ``1`` (or ``true``/``yes``/``on``) turns checking on, ``strict`` also compares call
-    sites, unset/``0`` returns ``collective`` unchanged. A collective that is already
-    checked is not wrapped twice.
-
-    Raises:
-        ConfigurationError: the variable holds another value.
-    """
-    raw = os.environ.get(DEBUG_ENV_VAR, "")
-    value = raw.strip().lower()
-    if value in _OFF:
-        return collective
-    if value not in (*_ON, "strict"):
-        raise ConfigurationError(
-            f"{DEBUG_ENV_VAR}={raw!r} is not understood; use 1 (check every collective), "
-            "strict (also require the same calling line on every rank) or 0 (off)."
-        )
-    layer: Collective = collective
-    while isinstance(layer, CollectiveWrapper):
-        if isinstance(layer, DebugCollective):
-            return collective
-        layer = layer.inner
-    return DebugCollective(collective, compare_call_sites=value == "strict")

@@ -50,17 +50,13 @@ from accord.errors import (
     CollectiveError,
     CollectiveMismatchError,
     CollectiveTimeoutError,
-    ConfigurationError,
 )
 
 if TYPE_CHECKING:
     # torch.distributed re-exports these without declaring them; this is where they live.
     from torch._C._distributed_c10d import Store
 
-__all__ = ["TIMEOUT_ENV_VAR", "WatchdogCollective", "maybe_watchdog"]
-
-TIMEOUT_ENV_VAR = "ACCORD_COLLECTIVE_TIMEOUT"
-"""Seconds; when set, `maybe_watchdog` wraps a collective in a `WatchdogCollective`."""
+__all__ = ["WatchdogCollective"]
 
 _T = TypeVar("_T")
 _OK = b"ok"
@@ -336,31 +332,3 @@ def _dump_stacks(header: str) -> None:
             stack = "".join(traceback.format_stack(frame))
             stream.write(f"Thread {thread_id:#x} (most recent call last):\n{stack}")
         stream.flush()
-
-
-def maybe_watchdog(collective: Collective) -> Collective:
-    """Wrap ``collective`` in a `WatchdogCollective` when ``ACCORD_COLLECTIVE_TIMEOUT`` is set.
-
-    The variable is the timeout in seconds; unset, empty or ``0`` returns ``collective``
-    unchanged. A collective that is already watched is not wrapped twice.
-
-    Raises:
-        ConfigurationError: the variable is not a number of seconds.
-    """
-    raw = os.environ.get(TIMEOUT_ENV_VAR, "").strip()
-    if not raw:
-        return collective
-    try:
-        seconds = float(raw)
-    except ValueError:
-        raise ConfigurationError(
-            f"{TIMEOUT_ENV_VAR}={raw!r} is not a number of seconds; use e.g. 300, or 0 for off."
-        ) from None
-    if seconds <= 0:
-        return collective
-    layer: Collective = collective
-    while isinstance(layer, CollectiveWrapper):
-        if isinstance(layer, WatchdogCollective):
-            return collective
-        layer = layer.inner
-    return WatchdogCollective(collective, seconds)

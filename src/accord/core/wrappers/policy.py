@@ -1,0 +1,111 @@
+"""Which wrappers a strategy's collective gets, decided in one place.
+
+The order is fixed: the debug check sits closest to the backend (it compares the real
+calls), statistics count what the user's code asked for, and the watchdog is outermost so
+it times everything below it, the debug check's own round trip included. A layer already
+present is never added twice.
+"""
+
+from __future__ import annotations
+
+import os
+
+from accord.core.collective import Collective
+from accord.core.wrappers.debug import DebugCollective
+from accord.core.wrappers.stats import CollectiveStats, InstrumentedCollective
+from accord.core.wrappers.watchdog import WatchdogCollective
+from accord.core.wrappers.wrapper import CollectiveWrapper
+from accord.errors import ConfigurationError
+
+__all__ = [
+    "DEBUG_ENV_VAR",
+    "TIMEOUT_ENV_VAR",
+    "has_layer",
+    "maybe_debug",
+    "maybe_watchdog",
+    "wrap_collective",
+]
+
+DEBUG_ENV_VAR = "ACCORD_DEBUG_COLLECTIVES"
+"""``1`` wraps strategies' collectives in `DebugCollective`; ``strict`` also compares call sites."""
+
+TIMEOUT_ENV_VAR = "ACCORD_COLLECTIVE_TIMEOUT"
+"""Seconds; when set, `maybe_watchdog` wraps a collective in a `WatchdogCollective`."""
+
+_ON = ("1", "true", "yes", "on")
+_OFF = ("", "0", "false", "no", "off")
+
+
+def has_layer(collective: Collective, kind: type[Collective]) -> bool:
+    """Whether ``collective`` is a ``kind`` or wraps one at any depth."""
+    layer = collective
+    while not isinstance(layer, kind):
+        if not isinstance(layer, CollectiveWrapper):
+            return False
+        layer = layer.inner
+    return True
+
+
+def maybe_debug(collective: Collective) -> Collective:
+    """Wrap ``collective`` in a `DebugCollective` when ``ACCORD_DEBUG_COLLECTIVES`` asks for it.
+
+    ``1`` (or ``true``/``yes``/``on``) turns checking on, ``strict`` also compares call
+    sites, unset/``0`` returns ``collective`` unchanged. A collective that is already
+    checked is not wrapped twice.
+
+    Raises:
+        ConfigurationError: the variable holds another value.
+    """
+    raw = os.environ.get(DEBUG_ENV_VAR, "")
+    value = raw.strip().lower()
+    if value in _OFF:
+        return collective
+    if value not in (*_ON, "strict"):
+        raise ConfigurationError(
+            f"{DEBUG_ENV_VAR}={raw!r} is not understood; use 1 (check every collective), "
+            "strict (also require the same calling line on every rank) or 0 (off)."
+        )
+    if has_layer(collective, DebugCollective):
+        return collective
+    return DebugCollective(collective, compare_call_sites=value == "strict")
+
+
+def maybe_watchdog(collective: Collective) -> Collective:
+    """Wrap ``collective`` in a `WatchdogCollective` when ``ACCORD_COLLECTIVE_TIMEOUT`` is set.
+
+    The variable is the timeout in seconds; unset, empty or ``0`` returns ``collective``
+    unchanged. A collective that is already watched is not wrapped twice.
+
+    Raises:
+        ConfigurationError: the variable is not a number of seconds.
+    """
+    raw = os.environ.get(TIMEOUT_ENV_VAR, "").strip()
+    if not raw:
+        return collective
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise ConfigurationError(
+            f"{TIMEOUT_ENV_VAR}={raw!r} is not a number of seconds; use e.g. 300, or 0 for off."
+        ) from None
+    if seconds <= 0 or has_layer(collective, WatchdogCollective):
+        return collective
+    return WatchdogCollective(collective, seconds)
+
+
+def wrap_collective(
+    collective: Collective, *, debug: bool = False, stats: CollectiveStats | None = None
+) -> Collective:
+    """``collective`` with the wrappers a strategy asks for and the environment turns on.
+
+    Args:
+        collective: the backend collective (or one a user already wrapped).
+        debug: check every call (`DebugCollective`), whatever ``ACCORD_DEBUG_COLLECTIVES`` says.
+        stats: count calls and time into these statistics (`InstrumentedCollective`).
+    """
+    wrapped = maybe_debug(collective)
+    if debug and not has_layer(wrapped, DebugCollective):
+        wrapped = DebugCollective(wrapped)
+    if stats is not None:
+        wrapped = InstrumentedCollective(wrapped, stats)
+    return maybe_watchdog(wrapped)
