@@ -11,6 +11,8 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+__all__ = ["lazy_exports"]
+
 
 def lazy_exports(package: str, exports: dict[str, str]) -> Callable[[str], Any]:
     """A module ``__getattr__`` that imports ``exports[name]`` (a module path) on first use."""
