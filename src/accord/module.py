@@ -119,7 +119,7 @@ class Module(nn.Module):
                 f"self.log({name!r}) was called outside a Trainer run; log from the step "
                 "and epoch hooks."
             )
-        self._owner._metrics.log(
+        self._owner.metric_store.log(
             name,
             value,
             prog_bar=prog_bar,

@@ -1,4 +1,12 @@
-"""`Launcher`: starts the processes a strategy needs and runs the work in each."""
+"""`Launcher`: starts the processes a strategy needs and runs the work in each.
+
+The contract: `Launcher.launch` runs ``fn`` on every local rank and returns what it
+returned on local rank zero. Whether the caller's own objects see the work depends on
+`Launcher.runs_in_caller`: when the calling process is local rank zero (the script is
+re-run for the other ranks), they do; when every rank is a new process (spawn, fork,
+XLA), only ``fn``'s return value comes back, pickled, so ``fn`` returns everything the
+caller needs (the Trainer returns its `RankZeroResults`).
+"""
 
 from __future__ import annotations
 
@@ -11,16 +19,30 @@ __all__ = ["Launcher", "threads_per_process"]
 
 
 class Launcher(ABC):
-    """Starts the other ranks, runs ``fn`` on this one, and returns rank zero's result."""
+    """Starts the local ranks, runs ``fn`` on each, and returns local rank zero's result."""
 
     @property
     def is_interactive_compatible(self) -> bool:
         """Whether it works from a notebook or a REPL (no script to re-run)."""
         return False
 
+    @property
+    def runs_in_caller(self) -> bool:
+        """Whether the process that calls `launch` is local rank zero and runs ``fn`` itself.
+
+        True (the default) when the caller takes part, so what ``fn`` changes in its
+        objects stays. False when every rank is a new process and the caller only waits:
+        then only ``fn``'s return value on local rank zero comes back (pickled).
+        """
+        return True
+
     @abstractmethod
     def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run ``fn(*args, **kwargs)`` on every rank; return what it returned on rank zero."""
+        """Run ``fn(*args, **kwargs)`` on every local rank; return local rank zero's result.
+
+        Raises:
+            RankFailureError: a rank failed; the message names the rank that caused it.
+        """
 
 
 def threads_per_process(processes: int) -> int:

@@ -1,8 +1,10 @@
 """`MultiprocessingLauncher`: start every local rank with ``spawn`` or ``fork``.
 
-The launching process does not train; it waits for the ranks, and then takes rank zero's
-results (trained weights, callback state, metrics) back into its own objects, so after
-``trainer.fit(model)`` the caller's ``model`` holds the trained weights.
+The launching process does not train: it waits for the ranks, and `launch` returns what
+the work returned on local rank zero, pickled. The Trainer's work returns its
+`RankZeroResults` (trained weights, callback state, metrics), which the Trainer then
+applies to its own objects, so after ``trainer.fit(model)`` the caller's ``model`` holds
+the trained weights.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 from typing_extensions import override
 
@@ -26,19 +28,9 @@ from accord.environments.local import find_free_port
 from accord.errors import ConfigurationError, RankFailureError, is_communication_error
 from accord.launchers.launcher import Launcher, threads_per_process
 
-__all__ = ["MultiprocessingLauncher", "RankZeroResults"]
+__all__ = ["MultiprocessingLauncher"]
 
 _START_METHODS = ("spawn", "fork", "forkserver")
-
-
-class RankZeroResults(Protocol):
-    """What the launched function's owner (the Trainer) provides to move results home."""
-
-    def _rank_zero_payload(self) -> Any:
-        """Called on rank zero after the work: what to send to the launching process."""
-
-    def _apply_rank_zero_payload(self, payload: Any) -> None:
-        """Called in the launching process with what rank zero sent."""
 
 
 def _worker(local_rank: int, env: dict[str, str], work: Any, conn: Connection) -> None:
@@ -47,15 +39,14 @@ def _worker(local_rank: int, env: dict[str, str], work: Any, conn: Connection) -
 
     if isinstance(work, bytes):
         work = pickle.loads(work)
-    fn, args, kwargs, owner = work
+    fn, args, kwargs = work
 
     torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
     try:
         result = fn(*args, **kwargs)
-        payload = owner._rank_zero_payload() if owner is not None and local_rank == 0 else None
         # Plain pickle copies tensor data; torch's shared-memory reduction would hand over
         # file descriptors that vanish when this process exits.
-        body = pickle.dumps((result, payload)) if local_rank == 0 else None
+        body = pickle.dumps(result) if local_rank == 0 else None
         conn.send(("ok", body, False))
     except BaseException as err:
         # Classified here, where the exception object still exists: the launcher only gets
@@ -77,8 +68,6 @@ class MultiprocessingLauncher(Launcher):
             from notebooks; not after CUDA was initialised).
         num_nodes: nodes in the job.
         failure_grace: seconds the other ranks get to stop after one failed.
-        owner: the object whose `_rank_zero_payload` / `_apply_rank_zero_payload` move
-            rank zero's results back (the Trainer).
     """
 
     def __init__(
@@ -102,12 +91,16 @@ class MultiprocessingLauncher(Launcher):
         self.start_method = start_method
         self.num_nodes = num_nodes
         self.failure_grace = failure_grace
-        self.owner: RankZeroResults | None = None
 
     @property
     @override
     def is_interactive_compatible(self) -> bool:
         return self.start_method == "fork"
+
+    @property
+    @override
+    def runs_in_caller(self) -> bool:
+        return False
 
     @override
     def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -124,7 +117,7 @@ class MultiprocessingLauncher(Launcher):
             "OMP_NUM_THREADS": str(threads_per_process(self.num_processes)),
         }
         ctx = multiprocessing.get_context(self.start_method)
-        work: Any = (fn, args, kwargs, self.owner)
+        work: Any = (fn, args, kwargs)
         if self.start_method != "fork":
             # Plain pickle gives every rank its own copy of the model. multiprocessing's
             # own pickler would move tensors to shared memory, and all ranks would then
@@ -146,15 +139,12 @@ class MultiprocessingLauncher(Launcher):
             procs.append(proc)
             conns.append(receiver)
         try:
-            result, payload = self._collect(procs, conns)
+            return self._collect(procs, conns)
         finally:
             for proc in procs:
                 if proc.is_alive():
                     proc.kill()
                 proc.join()
-        if self.owner is not None:
-            self.owner._apply_rank_zero_payload(payload)
-        return result
 
     def _unpicklable_message(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], err: Exception
@@ -174,10 +164,10 @@ class MultiprocessingLauncher(Launcher):
             f"use strategy='ddp' (it re-runs your script, so nothing is pickled){fork}."
         )
 
-    def _collect(self, procs: list[Any], conns: list[Connection]) -> tuple[Any, Any]:
+    def _collect(self, procs: list[Any], conns: list[Connection]) -> Any:
         pending = dict(enumerate(conns))
         errors: dict[int, _Failure] = {}
-        rank_zero: tuple[Any, Any] = (None, None)
+        rank_zero: Any = None
         deadline: float | None = None
         while pending:
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())

@@ -1,0 +1,223 @@
+"""`FitLoop`: epochs of training batches, optimizer steps, and validation at its interval."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from lightning_utilities.core.rank_zero import rank_zero_warn
+
+from accord.errors import ConfigurationError
+from accord.trainer.data import num_batches, overrides, set_epoch
+from accord.trainer.loops import call_callbacks, evaluate, log_metrics
+from accord.trainer.optimizers import optimizer_step, step_schedulers
+from accord.trainer.state import RunState
+
+if TYPE_CHECKING:
+    from accord.trainer.trainer import Trainer
+
+__all__ = ["FitLoop", "loss_of"]
+
+
+def loss_of(output: Any) -> torch.Tensor | None:
+    """The loss in what ``training_step`` returned: a tensor, a dict's ``"loss"``, or None.
+
+    Raises:
+        ConfigurationError: any other return value.
+    """
+    if output is None:
+        return None
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, Mapping):
+        loss = output.get("loss")
+        if isinstance(loss, torch.Tensor):
+            return loss
+    raise ConfigurationError(
+        f"training_step returned {type(output).__name__}; return the loss tensor, a dict with "
+        "a 'loss' key, or None to skip the step."
+    )
+
+
+class FitLoop:
+    """One ``trainer.fit``: runs epochs until ``max_epochs``/``max_steps`` or a stop.
+
+    Args:
+        trainer: the Trainer whose settings and counters the loop uses.
+        state: the Trainer's working state (module, optimizers, position in the epoch).
+    """
+
+    def __init__(self, trainer: Trainer, state: RunState) -> None:
+        self.trainer = trainer
+        self.state = state
+        # Whether a batch of the current accumulation window ran backward.
+        self.window_has_backward = False
+        self.warned_all_skipped = False
+
+    def run(self, train_loader: Iterable[Any], val_loader: Iterable[Any] | None) -> None:
+        """Train on ``train_loader``, validating on ``val_loader`` (already prepared)."""
+        trainer, state = self.trainer, self.state
+        model = state.module
+        assert model is not None and state.wrapped is not None
+        trainer.has_validation = (
+            val_loader is not None
+            and overrides(model, "validation_step")
+            and trainer.limits["validate"] != 0
+        )
+        trainer.num_training_batches = num_batches(train_loader, trainer.limits["train"])
+        trainer.should_stop = False
+        call_callbacks(trainer, "on_fit_start")
+        model.on_fit_start()
+        model.on_train_start()
+        while not self._done():
+            set_epoch(train_loader, trainer.current_epoch)
+            model.train()
+            state.metrics.stage = "train"
+            call_callbacks(trainer, "on_train_epoch_start")
+            model.on_train_epoch_start()
+            state.epoch_schedulers_stepped = False
+            self._train_epoch(train_loader, val_loader)
+            model.on_train_epoch_end()
+            log_metrics(trainer, state.metrics.flush_epoch(trainer.strategy, "train"))
+            # Before the callbacks, so a checkpoint saved at the end of the epoch holds the
+            # schedulers as the next epoch starts with them (as Lightning's does).
+            self._step_schedulers("epoch", trainer.current_epoch + 1)
+            state.epoch_schedulers_stepped = True
+            call_callbacks(trainer, "on_train_epoch_end")
+            trainer.current_epoch += 1
+            state.batches_done = 0
+            if trainer.should_stop:
+                break
+        model.on_train_end()
+        call_callbacks(trainer, "on_fit_end")
+        model.on_fit_end()
+
+    def _done(self) -> bool:
+        trainer = self.trainer
+        if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
+            return True
+        return trainer.max_epochs is not None and trainer.current_epoch >= trainer.max_epochs
+
+    def _step_schedulers(self, interval: str, count: int) -> None:
+        step_schedulers(self.state.schedulers, interval, count, self.trainer.callback_metrics)
+
+    def _epoch_batches(self, loader: Iterable[Any]) -> Iterator[tuple[int, Any]]:
+        state = self.state
+        # On resume, the RNG is put back where the interrupted run had it when this epoch's
+        # iterator was made (so a shuffled order repeats), then where it was at the save.
+        resume, state.resume_rng = state.resume_rng, None
+        if resume is not None:
+            start, at_save = resume
+            torch.set_rng_state(start if start is not None else at_save)
+        state.rng_epoch_start = torch.get_rng_state()
+        iterator = iter(loader)
+        skip, state.skip_batches = state.skip_batches, 0
+        for _ in range(skip):
+            next(iterator, None)
+        if resume is not None and resume[0] is not None:
+            torch.set_rng_state(resume[1])
+        for batch_idx, batch in enumerate(iterator, start=skip):
+            if batch_idx >= self.trainer.num_training_batches:
+                return
+            yield batch_idx, batch
+
+    def _train_epoch(self, loader: Iterable[Any], val_loader: Iterable[Any] | None) -> None:
+        trainer, state = self.trainer, self.state
+        model, strategy, wrapped, metrics = (
+            state.module,
+            trainer.strategy,
+            state.wrapped,
+            state.metrics,
+        )
+        assert model is not None and wrapped is not None
+        accumulate = trainer.accumulate_grad_batches
+        total = trainer.num_training_batches
+        val_every = self._val_every(total)
+        multi_rank = strategy.world_size > 1
+        ran = skipped = 0
+        for batch_idx, batch in self._epoch_batches(loader):
+            batch = strategy.batch_to_device(batch)
+            strategy.on_train_batch_start(batch_idx, last=batch_idx + 1 == total)
+            model.on_train_batch_start(batch, batch_idx)
+            is_step = (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == total
+            with strategy.no_backward_sync(wrapped, enabled=not is_step):
+                metrics.in_step = True
+                with strategy.forward_context():
+                    output = strategy.step(wrapped, "training_step", batch, batch_idx)
+                metrics.in_step = False
+                loss = loss_of(output)
+                # A step one rank skips is skipped by all: a rank that went on to backward
+                # alone would wait for the others' gradients forever.
+                if multi_rank and strategy.reduce_boolean_decision(loss is None, all=False):
+                    loss = None
+                metrics.end_training_step(skipped=loss is None)
+                ran += 1
+                if loss is None:
+                    skipped += 1
+                else:
+                    if accumulate > 1:
+                        loss = loss / accumulate
+                    model.on_before_backward(loss)
+                    strategy.backward(loss, wrapped)
+                    model.on_after_backward()
+                    self.window_has_backward = True
+            if is_step:
+                self._optimizer_step()
+            step_metrics = metrics.flush_step(strategy)
+            if is_step and trainer.global_step % trainer.log_every_n_steps == 0:
+                log_metrics(trainer, step_metrics)
+            state.batches_done = batch_idx + 1
+            call_callbacks(trainer, "on_train_batch_end", output, batch, batch_idx)
+            model.on_train_batch_end(output, batch, batch_idx)
+            if val_loader is not None and self._should_validate(batch_idx, val_every):
+                evaluate(trainer, state, "validate", val_loader)
+                model.train()
+                metrics.stage = "train"
+            if trainer.should_stop or (
+                trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps
+            ):
+                break
+        if ran and skipped == ran and not self.warned_all_skipped:
+            self.warned_all_skipped = True
+            rank_zero_warn(
+                f"training_step returned None for every batch of epoch {trainer.current_epoch}"
+                f"{' on at least one rank' if multi_rank else ''}, so nothing was trained. "
+                "Return the loss (a tensor, or a dict with a 'loss' key); return None only "
+                "to skip a batch on purpose.",
+                category=UserWarning,
+            )
+
+    def _val_every(self, total: int) -> int:
+        interval = self.trainer.val_check_interval
+        if interval is None:
+            return total
+        if isinstance(interval, float):
+            return max(1, int(total * interval))
+        return interval
+
+    def _should_validate(self, batch_idx: int, every: int) -> bool:
+        trainer = self.trainer
+        if (
+            not trainer.has_validation
+            or (trainer.current_epoch + 1) % trainer.check_val_every_n_epoch
+        ):
+            return False
+        return (batch_idx + 1) % every == 0
+
+    def _optimizer_step(self) -> None:
+        trainer, state = self.trainer, self.state
+        assert state.module is not None and state.wrapped is not None
+        # A window whose every batch was skipped has no gradients: nothing to apply. The
+        # step still counts, as in Lightning, so max_steps and step schedulers advance.
+        if self.window_has_backward:
+            optimizer_step(
+                trainer.strategy,
+                state.module,
+                state.wrapped,
+                state.optimizers,
+                trainer.gradient_clip_val,
+            )
+        self.window_has_backward = False
+        trainer.global_step += 1
+        self._step_schedulers("step", trainer.global_step)

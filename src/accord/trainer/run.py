@@ -1,0 +1,118 @@
+"""One stage (fit, validate, test or predict) on this rank: set up, run its loop, tear down."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from lightning_utilities.core.rank_zero import rank_zero_only
+
+from accord.core.strategy import RunSettings
+from accord.module import Module
+from accord.trainer.checkpointing import restore
+from accord.trainer.data import prepare_loader
+from accord.trainer.fit_loop import FitLoop
+from accord.trainer.loops import (
+    call_callbacks,
+    evaluate,
+    predict,
+    print_collective_stats,
+    rank_zero_loggers,
+)
+from accord.trainer.metrics import MetricStore
+from accord.trainer.optimizers import configure_optimizers
+from accord.trainer.state import RunState
+
+if TYPE_CHECKING:
+    from accord.trainer.trainer import Trainer
+
+__all__ = ["run_stage"]
+
+
+def run_stage(
+    trainer: Trainer,
+    state: RunState,
+    stage: str,
+    model: Module,
+    train_loader: Iterable[Any] | None,
+    eval_loader: Iterable[Any] | None,
+    ckpt_path: str | Path | None,
+) -> Any:
+    """Run ``stage`` on this rank and return its result.
+
+    The strategy sets up its environment (the collective joins the other ranks), the
+    module and optimizers are set up, a checkpoint is restored when asked, the loop
+    runs, and the strategy is torn down again, also when the run fails.
+    """
+    trainer.stage = stage
+    state.module = model
+    strategy = trainer.strategy
+    if trainer.profiler == "collectives":
+        strategy.enable_collective_stats().reset()
+    strategy.setup_environment()
+    rank_zero_only.rank = strategy.global_rank  # type: ignore[attr-defined]
+    if trainer.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    model.trainer = trainer
+    strategy.configure_run(
+        RunSettings(
+            accumulate_grad_batches=trainer.accumulate_grad_batches,
+            gradient_clip_val=trainer.gradient_clip_val,
+        )
+    )
+    state.metrics = MetricStore()
+    try:
+        call_callbacks(trainer, "setup", stage)
+        model.setup(stage)
+        state.wrapped = strategy.setup_module(model)
+        if stage == "fit":
+            optimizers, state.schedulers = configure_optimizers(model)
+            state.optimizers = strategy.setup_optimizers(state.wrapped, optimizers)
+        if ckpt_path is not None:
+            restore(trainer, state, ckpt_path, stage)
+        result = _dispatch(trainer, state, stage, train_loader, eval_loader)
+        if trainer.profiler == "collectives":
+            trainer.collective_stats_by_rank = strategy.gather_collective_stats()
+            print_collective_stats(trainer.collective_stats_by_rank, stage)
+        for logger in rank_zero_loggers(trainer):
+            logger.finalize("success")
+        return result
+    except BaseException as err:
+        for cb in trainer.callbacks:
+            cb.on_exception(trainer, model, err)
+        for logger in rank_zero_loggers(trainer):
+            logger.finalize("failed")
+        raise
+    finally:
+        model.teardown(stage)
+        call_callbacks(trainer, "teardown", stage)
+        state.wrapped = None
+        strategy.teardown()
+
+
+def _dispatch(
+    trainer: Trainer,
+    state: RunState,
+    stage: str,
+    train_loader: Iterable[Any] | None,
+    eval_loader: Iterable[Any] | None,
+) -> Any:
+    """Each rank's share of the data, then the stage's loop."""
+    sampler_kwargs = trainer.strategy.distributed_sampler_kwargs
+    if stage == "fit":
+        assert train_loader is not None
+        train = prepare_loader(train_loader, "train", sampler_kwargs)
+        val = None
+        if eval_loader is not None:
+            val = prepare_loader(eval_loader, "validate", sampler_kwargs)
+        FitLoop(trainer, state).run(train, val)
+        return None
+    assert eval_loader is not None
+    loader = prepare_loader(eval_loader, stage, sampler_kwargs)
+    if stage == "predict":
+        return predict(trainer, state, loader)
+    return [evaluate(trainer, state, stage, loader)]
