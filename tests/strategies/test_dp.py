@@ -11,8 +11,9 @@ from torch import nn
 
 import accord
 from accord.collectives import SingleDeviceCollective
+from accord.engines.torch import dp
 from accord.errors import ConfigurationError
-from accord.strategies import DPStrategy, dp
+from accord.strategies import DPStrategy
 
 
 def _fit(strategy: str, tmp_path: Path) -> tuple[LinearModel, accord.Trainer]:

@@ -1,4 +1,11 @@
-"""`DDPStrategy`: one process per device, gradients averaged by DistributedDataParallel."""
+"""`DDPStrategy`: one process per device, gradients averaged by DistributedDataParallel.
+
+DDP's reducer runs on the process group of the strategy's `TorchCollective`
+(`TorchCollective.process_group`, reached through any debug, statistics or watchdog
+wrappers), so a collective on a sub-group averages gradients within the sub-group.
+With ``gradient_sync="collective"`` every gradient bucket goes through the collective's
+own ``all_reduce`` instead.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ from accord.accelerators.accelerator import Accelerator
 from accord.core.collective import Collective
 from accord.core.parallel import ParallelStrategy, StartMethod
 from accord.core.step_module import StepModule
+from accord.core.wrappers.policy import has_layer
 from accord.engines.torch.collective import TorchCollective, default_torch_backend
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
@@ -99,12 +107,20 @@ class DDPStrategy(ParallelStrategy):
         wrapped = DistributedDataParallel(
             StepModule(module),
             device_ids=device_ids,
-            process_group=getattr(self.base_collective, "group", None),
+            process_group=self.process_group,
             **self.ddp_kwargs,
         )
         if self.gradient_sync == "collective":
             wrapped.register_comm_hook(self.collective, _collective_allreduce_hook)
         return wrapped
+
+    @property
+    def process_group(self) -> dist.ProcessGroup | None:
+        """The group DDP's reducer runs on: a `TorchCollective`'s own (a sub-group
+        included), else None, the default group the collective created or joined."""
+        if has_layer(self.collective, TorchCollective):
+            return self.engine_collective(TorchCollective).process_group
+        return None
 
     @override
     def step(self, model: nn.Module, name: str, *args: Any) -> Any:

@@ -6,19 +6,15 @@ parameters the user's module owns directly before the hook runs, whether or not 
 calls ``self(x)``, and reduce-scatters their gradients in backward. Submodules chosen by
 the wrap policy become units of their own and are gathered when they are called.
 
-Checkpoints come in two kinds, and loading accepts either:
-
-* ``"sharded"`` (default): a directory written with `torch.distributed.checkpoint` (every
-  rank writes its shards) plus ``accord_meta.pt`` with everything that is not a model or
-  optimizer tensor. It loads into any number of ranks.
-* ``"full"``: one ordinary checkpoint file written by rank 0, its tensors gathered to
-  CPU; the model part loads into a plain module as well.
+FSDP shards over the device mesh the strategy's `TorchCollective` builds
+(`TorchCollective.device_mesh`), so its all-gathers and reduce-scatters run on that
+collective's process group: a collective on a sub-group shards within the sub-group.
+Checkpoints are sharded directories or full files (`accord.engines.torch.fsdp_checkpoint`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import shutil
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -29,28 +25,37 @@ from torch import nn
 from typing_extensions import override
 
 from accord.accelerators.accelerator import Accelerator
-from accord.checkpoint_io import load_checkpoint_file, save_checkpoint_file
+from accord.checkpoint_io import load_checkpoint_file
 from accord.core.collective import Collective
 from accord.core.parallel import ParallelStrategy
 from accord.core.step_module import StepModule
 from accord.engines.torch.collective import TorchCollective, default_torch_backend
+from accord.engines.torch.fsdp_checkpoint import (
+    META_FILE,
+    load_options,
+    load_sharded,
+    name_parameters,
+    remove_path,
+    save_sharded,
+    state_dict_options,
+)
+from accord.engines.torch.fsdp_units import fully_shard_options, shard_units
 from accord.environments.cluster_environment import ClusterEnvironment
-from accord.errors import CheckpointError, ConfigurationError
-from accord.precision import Precision, PrecisionMode
+from accord.errors import ConfigurationError
+from accord.precision import Precision
 
 if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import FSDPModule
 
-__all__ = ["FSDPStrategy", "hybrid_mesh_shape"]
+__all__ = ["META_FILE", "FSDPStrategy", "hybrid_mesh_shape"]
 
 ShardingStrategy = Literal["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD"]
 StateDictType = Literal["sharded", "full"]
 
 _SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD")
 _STATE_DICT_TYPES = ("sharded", "full")
-META_FILE = "accord_meta.pt"
-"""The file inside a sharded checkpoint directory that holds the non-tensor state."""
 
 
 class FSDPStrategy(ParallelStrategy):
@@ -70,13 +75,15 @@ class FSDPStrategy(ParallelStrategy):
             ``hybrid_shard_size`` ranks and replicates across groups (a 2-D device mesh).
         hybrid_shard_size: ranks per shard group for ``HYBRID_SHARD``; default: the
             processes on one node.
-        state_dict_type: ``"sharded"`` or ``"full"``: how checkpoints are written (see the
-            module docstring). Loading accepts both kinds.
+        state_dict_type: ``"sharded"`` or ``"full"``: how checkpoints are written
+            (`accord.engines.torch.fsdp_checkpoint`). Loading accepts both kinds.
         process_group_backend: ``"gloo"``, ``"nccl"`` or ``"mpi"`` (default: nccl on CUDA,
             gloo otherwise) for the default `TorchCollective`.
         timeout: seconds a collective may wait for the other ranks.
-        accelerator, parallel_devices, cluster_environment, collective, precision, num_nodes:
+        accelerator, parallel_devices, cluster_environment, precision, num_nodes, debug:
             as `ParallelStrategy`.
+        collective: a `TorchCollective` or a subclass (wrapped or not); FSDP shards over
+            the device mesh it builds, on its process group.
 
     Mixed precision follows the Trainer's ``precision``: ``bf16-mixed`` gathers parameters
     in bf16 and reduces gradients in fp32 (``16-mixed`` likewise with fp16).
@@ -106,9 +113,16 @@ class FSDPStrategy(ParallelStrategy):
         state_dict_type: StateDictType = "sharded",
         process_group_backend: str | None = None,
         timeout: float | timedelta = 1800.0,
+        debug: bool = False,
     ) -> None:
         super().__init__(
-            accelerator, parallel_devices, cluster_environment, collective, precision, num_nodes
+            accelerator,
+            parallel_devices,
+            cluster_environment,
+            collective,
+            precision,
+            num_nodes,
+            debug=debug,
         )
         if sharding_strategy not in _SHARDING_STRATEGIES:
             raise ConfigurationError(
@@ -142,7 +156,6 @@ class FSDPStrategy(ParallelStrategy):
     # ------------------------------------------------------------------ wrapping
     @override
     def setup_module(self, module: nn.Module) -> nn.Module:
-        import torch.distributed as dist
         from torch.distributed.fsdp import fully_shard
         from torch.distributed.tensor import DTensor
 
@@ -153,14 +166,14 @@ class FSDPStrategy(ParallelStrategy):
                 "and pass ckpt_path= (a 'full' checkpoint also loads into a plain module)."
             )
         module = super().setup_module(module)
-        if not dist.is_available() or not dist.is_initialized():
-            raise ConfigurationError(
-                f"FSDPStrategy shards the model with torch.distributed, but "
-                f"{type(self.collective).__name__} did not create or join a process group. "
-                "Use a collective built on TorchCollective."
-            )
         self.device_mesh = self._build_mesh()
-        kwargs = self._fully_shard_kwargs(self.device_mesh)
+        kwargs = fully_shard_options(
+            self.device_mesh,
+            self.precision.mode,
+            cpu_offload=self.cpu_offload,
+            pin_memory=self.root_device.type == "cuda",
+            reshard_after_forward=self.sharding_strategy != "SHARD_GRAD_OP",
+        )
         root = StepModule(module)
         # FSDP2 units are built bottom-up: children before the modules that hold them.
         for unit in self._units(module):
@@ -171,61 +184,18 @@ class FSDPStrategy(ParallelStrategy):
         return root
 
     def _build_mesh(self) -> DeviceMesh:
-        from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-
+        """The collective's device mesh: ``(world,)``, or ``(replicate, shard)`` for hybrid."""
+        collective = self.engine_collective(TorchCollective)
         device_type = self.root_device.type
-        world_size = self.world_size
         if self.sharding_strategy == "HYBRID_SHARD":
-            shape = hybrid_mesh_shape(world_size, self.hybrid_shard_size or self.num_processes)
-            return init_device_mesh(device_type, shape, mesh_dim_names=("replicate", "shard"))
-        group = getattr(self.collective, "group", None)
-        if group is not None:
-            return DeviceMesh.from_group(group, device_type)
-        return init_device_mesh(device_type, (world_size,))
-
-    def _fully_shard_kwargs(self, mesh: DeviceMesh) -> dict[str, Any]:
-        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
-
-        low = {PrecisionMode.BF16_MIXED: torch.bfloat16, PrecisionMode.FP16_MIXED: torch.float16}
-        param_dtype = low.get(self.precision.mode)
-        mp_policy = (
-            MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-            if param_dtype is not None
-            else MixedPrecisionPolicy()
-        )
-        offload: OffloadPolicy = (
-            CPUOffloadPolicy(pin_memory=self.root_device.type == "cuda")
-            if self.cpu_offload
-            else OffloadPolicy()
-        )
-        kwargs: dict[str, Any] = {"mesh": mesh, "mp_policy": mp_policy, "offload_policy": offload}
-        if self.sharding_strategy == "SHARD_GRAD_OP":
-            kwargs["reshard_after_forward"] = False
-        # Otherwise FSDP's default: reshard after forward, except the root, whose
-        # parameters backward needs first anyway.
-        return kwargs
+            shard_size = self.hybrid_shard_size or self.num_processes
+            shape = hybrid_mesh_shape(collective.world_size, shard_size)
+            return collective.device_mesh(shape, ("replicate", "shard"), device_type=device_type)
+        return collective.device_mesh((collective.world_size,), device_type=device_type)
 
     def _units(self, module: nn.Module) -> list[nn.Module]:
         """The submodules of ``module`` to shard individually, children before parents."""
-        units: list[nn.Module] = []
-
-        def visit(current: nn.Module) -> int:
-            # Returns how many parameters below ``current`` are not in a unit yet.
-            pending = sum(visit(child) for child in current.children())
-            pending += sum(p.numel() for p in current.parameters(recurse=False))
-            if current is module:
-                return pending
-            if self.auto_wrap_policy is not None:
-                chosen = isinstance(current, tuple(self.auto_wrap_policy))
-            else:
-                chosen = pending >= self.min_num_params
-            if chosen and any(True for _ in current.parameters()):
-                units.append(current)
-                return 0
-            return pending
-
-        visit(module)
-        return units
+        return shard_units(module, self.auto_wrap_policy, self.min_num_params)
 
     @override
     def setup_optimizers(
@@ -292,25 +262,16 @@ class FSDPStrategy(ParallelStrategy):
         return module.module if isinstance(module, StepModule) else module
 
     # --------------------------------------------------------------- checkpoints
-    @staticmethod
-    def _get_options(full: bool) -> Any:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-        # A full state dict is gathered to rank 0's CPU only; the others get an empty one.
-        return StateDictOptions(full_state_dict=full, cpu_offload=full)
-
-    @staticmethod
-    def _set_options(state: dict[str, Any], strict: bool = True) -> Any:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-        # Every rank holds what it loads: its own shards, or a copy of the full file.
-        return StateDictOptions(full_state_dict=not _is_sharded(state), strict=strict)
-
     def _require_model(self) -> nn.Module:
         if self._model is None:
             raise ConfigurationError("FSDPStrategy has no model yet: call setup_module first.")
         self.reshard()
         return self.unwrap(self._model)
+
+    @property
+    def process_group(self) -> ProcessGroup:
+        """The process group FSDP shards over and checkpoints on: the collective's."""
+        return self.engine_collective(TorchCollective).process_group
 
     @override
     def module_state_dict(self, module: nn.Module) -> dict[str, Any]:
@@ -321,9 +282,9 @@ class FSDPStrategy(ParallelStrategy):
         """
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        full = self.state_dict_type == "full"
         self.reshard()
-        return get_model_state_dict(self.unwrap(module), options=self._get_options(full))
+        options = state_dict_options(full=self.state_dict_type == "full")
+        return get_model_state_dict(self.unwrap(module), options=options)
 
     @override
     def load_module_state_dict(
@@ -332,20 +293,16 @@ class FSDPStrategy(ParallelStrategy):
         """Load a sharded (DTensor) or a full state dict into the user's module."""
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-        options = self._set_options(state, strict)
         self.reshard()
-        set_model_state_dict(self.unwrap(module), state, options=options)
+        set_model_state_dict(self.unwrap(module), state, options=load_options(state, strict))
 
     @override
     def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """The optimizer's state keyed by parameter name (collective, like the model's)."""
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        full = self.state_dict_type == "full"
-        state = get_optimizer_state_dict(
-            self._require_model(), optimizer, options=self._get_options(full)
-        )
-        return dict(state)
+        options = state_dict_options(full=self.state_dict_type == "full")
+        return dict(get_optimizer_state_dict(self._require_model(), optimizer, options=options))
 
     @override
     def load_optimizer_state_dict(
@@ -359,8 +316,8 @@ class FSDPStrategy(ParallelStrategy):
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
         model = self._require_model()
-        state = _name_parameters(state, optimizer, model)
-        set_optimizer_state_dict(model, optimizer, state, options=self._set_options(state))
+        state = name_parameters(state, optimizer, model)
+        set_optimizer_state_dict(model, optimizer, state, options=load_options(state))
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path) -> None:
@@ -371,30 +328,10 @@ class FSDPStrategy(ParallelStrategy):
         """
         if self.state_dict_type == "full":
             if self.is_global_zero and Path(path).is_dir():
-                _remove(Path(path))  # a sharded checkpoint of the same name
+                remove_path(Path(path))  # a sharded checkpoint of the same name
             super().save_checkpoint(checkpoint, path)
             return
-        from torch.distributed.checkpoint.state_dict_saver import save
-
-        target = Path(path)
-        staging = target.with_name(f".{target.name}.tmp")
-        tensors: dict[str, Any] = {"model": checkpoint["state_dict"]}
-        optimizer_states = checkpoint.get("optimizer_states", [])
-        for index, state in enumerate(optimizer_states):
-            tensors[f"optimizer_{index}"] = state
-        meta = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
-        meta["fsdp_sharded"] = {
-            "optimizer_count": len(optimizer_states),
-            "world_size": self.world_size,
-        }
-        if self.is_global_zero:
-            _remove(staging)  # left over from a run that crashed mid-save
-        self.barrier("fsdp_save_checkpoint_start")
-        save(tensors, checkpoint_id=staging, process_group=self._group())
-        if self.is_global_zero:
-            save_checkpoint_file(meta, staging / META_FILE)
-            _replace(staging, target)
-        self.barrier("fsdp_save_checkpoint")
+        save_sharded(self, checkpoint, Path(path), self.process_group)
 
     @override
     def load_checkpoint(self, path: str | Path, *, weights_only: bool = True) -> dict[str, Any]:
@@ -406,43 +343,18 @@ class FSDPStrategy(ParallelStrategy):
         source = Path(path)
         if not source.is_dir():
             return load_checkpoint_file(source, weights_only=weights_only)
-        from torch.distributed.checkpoint.state_dict import (
-            get_model_state_dict,
-            get_optimizer_state_dict,
+        return load_sharded(
+            source,
+            self._require_model(),
+            self._optimizers,
+            self.process_group,
+            weights_only=weights_only,
         )
-        from torch.distributed.checkpoint.state_dict_loader import load
-
-        if not (source / META_FILE).is_file():
-            raise CheckpointError(
-                f"{str(source)!r} is a directory without {META_FILE}: not a sharded accord "
-                "checkpoint (or one whose save did not finish)."
-            )
-        checkpoint = load_checkpoint_file(source / META_FILE, weights_only=weights_only)
-        model = self._require_model()
-        options = self._get_options(full=False)
-        # DCP loads in place into tensors shaped like this run's shards.
-        tensors: dict[str, Any] = {"model": get_model_state_dict(model, options=options)}
-        count = int(checkpoint.get("fsdp_sharded", {}).get("optimizer_count", 0))
-        loadable = self._optimizers if count == len(self._optimizers) else []
-        for index, optimizer in enumerate(loadable):
-            tensors[f"optimizer_{index}"] = dict(
-                get_optimizer_state_dict(model, optimizer, options=options)
-            )
-        load(tensors, checkpoint_id=source, process_group=self._group())
-        checkpoint["state_dict"] = tensors["model"]
-        # On a count mismatch the Trainer reports it; the placeholders are never loaded.
-        checkpoint["optimizer_states"] = [
-            tensors.get(f"optimizer_{index}", {}) for index in range(count)
-        ]
-        return checkpoint
 
     @override
     def remove_checkpoint(self, path: str | Path) -> None:
         if self.is_global_zero:
-            _remove(Path(path))
-
-    def _group(self) -> Any:
-        return getattr(self.collective, "group", None)
+            remove_path(Path(path))
 
 
 def hybrid_mesh_shape(world_size: int, shard_size: int) -> tuple[int, int]:
@@ -473,57 +385,3 @@ def _without_gradient_sync(module: FSDPModule) -> Iterator[None]:
         yield
     finally:
         module.set_requires_gradient_sync(True)
-
-
-def _name_parameters(
-    state: dict[str, Any], optimizer: torch.optim.Optimizer, model: nn.Module
-) -> dict[str, Any]:
-    """``state`` with numbered parameters renamed to ``model``'s parameter names."""
-    groups = state.get("param_groups", [])
-    if not groups or all(isinstance(i, str) for g in groups for i in g["params"]):
-        return state
-    names = {id(p): name for name, p in model.named_parameters()}
-    # optimizer.state_dict() numbers the parameters in the order of its param_groups.
-    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
-    if len(order) != sum(len(g["params"]) for g in groups):
-        raise CheckpointError(
-            f"The checkpoint's optimizer state covers {sum(len(g['params']) for g in groups)} "
-            f"parameters, but this optimizer has {len(order)}."
-        )
-    return {
-        "state": {order[int(i)]: value for i, value in state.get("state", {}).items()},
-        "param_groups": [{**g, "params": [order[int(i)] for i in g["params"]]} for g in groups],
-    }
-
-
-def _is_sharded(state: Any) -> bool:
-    """Whether a (nested) state dict holds DTensors: one loaded from a sharded checkpoint."""
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(state, DTensor):
-        return True
-    if isinstance(state, dict):
-        return any(_is_sharded(value) for value in state.values())
-    if isinstance(state, list | tuple):
-        return any(_is_sharded(value) for value in state)
-    return False
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink(missing_ok=True)
-
-
-def _replace(source: Path, target: Path) -> None:
-    """Move ``source`` to ``target``, replacing a file or directory already there."""
-    if not target.exists():
-        source.rename(target)
-        return
-    # A directory cannot be renamed over a non-empty one: move the old one aside first.
-    old = target.with_name(f".{target.name}.old")
-    _remove(old)
-    target.rename(old)
-    source.rename(target)
-    _remove(old)

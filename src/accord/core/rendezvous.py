@@ -1,0 +1,159 @@
+"""Where the ranks of a new torch.distributed group meet, and how long they wait for each other.
+
+Rank 0 serves one TCP store per process and address; every group made on it gets a key
+prefix of its own, so a second run in the same processes (fit, then test) never binds the
+port again while the previous group's sockets close. Before the group is formed, the ranks
+check in on the store and wait for each other at most `rendezvous_timeout()`: a node that
+never starts ends in a `CollectiveTimeoutError` naming the missing ranks, not in a wait as
+long as an op's timeout.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+from accord.errors import CollectiveTimeoutError, ConfigurationError
+
+__all__ = [
+    "DEFAULT_RENDEZVOUS_TIMEOUT",
+    "RENDEZVOUS_TIMEOUT_ENV_VAR",
+    "init_group_on_shared_store",
+    "rendezvous_timeout",
+]
+
+DEFAULT_RENDEZVOUS_TIMEOUT = timedelta(minutes=10)
+"""How long the ranks wait for each other when a group is created (torchrun's join timeout)."""
+
+RENDEZVOUS_TIMEOUT_ENV_VAR = "ACCORD_RENDEZVOUS_TIMEOUT"
+"""Seconds the ranks of a new group wait for each other; see `rendezvous_timeout`."""
+
+_WAIT_LONGER = f"To wait longer, set {RENDEZVOUS_TIMEOUT_ENV_VAR} (seconds)."
+
+
+def rendezvous_timeout() -> timedelta:
+    """How long a new group waits for all its ranks: ``ACCORD_RENDEZVOUS_TIMEOUT`` seconds,
+    else `DEFAULT_RENDEZVOUS_TIMEOUT`.
+
+    Apart from the op timeout: a node that never starts must not keep the others waiting
+    for the 30 minutes an op may take.
+
+    Raises:
+        ConfigurationError: the variable is not a positive number.
+    """
+    raw = os.environ.get(RENDEZVOUS_TIMEOUT_ENV_VAR)
+    if raw is None or not raw.strip():
+        return DEFAULT_RENDEZVOUS_TIMEOUT
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ConfigurationError(
+            f"{RENDEZVOUS_TIMEOUT_ENV_VAR}={raw!r} must be a positive number of seconds."
+        )
+    return timedelta(seconds=seconds)
+
+
+_STORES: dict[tuple[str, int], tuple[Any, int]] = {}
+
+
+def _rendezvous_store(address: str, port: int, host: bool, timeout: timedelta) -> tuple[Any, int]:
+    """The process's store for ``address:port`` and the number of this group on it.
+
+    Every rank makes its groups in the same order, so the numbers agree.
+    """
+    import torch.distributed as dist
+
+    key = (address, port)
+    store, generation = _STORES.get(key, (None, -1))
+    if store is None:
+        store = dist.TCPStore(  # type: ignore[attr-defined]
+            address, port, is_master=host, timeout=timeout, wait_for_workers=False
+        )
+    else:
+        store.set_timeout(timeout)
+    _STORES[key] = (store, generation + 1)
+    return store, generation + 1
+
+
+def init_group_on_shared_store(
+    backend: str, address: str, port: int, rank: int, world_size: int, timeout: timedelta
+) -> None:
+    """Create the default process group on this process's store for ``address:port``.
+
+    The ranks first wait for each other on the store, at most `rendezvous_timeout()`; a
+    rank that cannot reach the store, or ranks that never arrive, end the wait with a
+    `CollectiveTimeoutError` naming the address and the missing ranks. ``timeout`` then
+    bounds every op of the group.
+    """
+    import torch.distributed as dist
+
+    wait = rendezvous_timeout()
+    try:
+        store, generation = _rendezvous_store(address, port, rank == 0, wait)
+    except dist.DistNetworkError as err:
+        if rank == 0:  # rank 0 serves the store: it could not listen there
+            raise
+        raise CollectiveTimeoutError(
+            f"Rank {rank} could not reach the rendezvous at {address}:{port} within "
+            f"{_seconds(wait)}: nothing answered there. Rank 0 (on node 0) serves it; start "
+            "node 0 with the same MASTER_ADDR and MASTER_PORT, and check that this machine "
+            f"can reach that address and port. {_WAIT_LONGER}",
+            op="rendezvous",
+            rank=rank,
+            missing_ranks=[0],
+        ) from err
+    group_store = dist.PrefixStore(f"accord/{generation}/", store)  # type: ignore[attr-defined]
+    _wait_for_every_rank(group_store, address, port, rank, world_size, wait)
+    # From here on the store serves the group's own traffic (gloo's connections, sub-groups),
+    # which may wait as long as an op.
+    store.set_timeout(timeout)
+    dist.init_process_group(
+        backend, store=group_store, rank=rank, world_size=world_size, timeout=timeout
+    )
+
+
+def _seconds(value: timedelta) -> str:
+    return f"{value.total_seconds():g} s"
+
+
+def _wait_for_every_rank(
+    store: Any, address: str, port: int, rank: int, world_size: int, wait: timedelta
+) -> None:
+    """Check in on ``store`` and return when every rank has, or raise after ``wait``."""
+    import torch.distributed as dist
+
+    store.set(f"arrived/{rank}", "1")
+    # The last rank to arrive opens the gate, so each rank waits on one key, not world_size.
+    if store.add("arrived", 1) == world_size:
+        store.set("all_arrived", "1")
+    try:
+        store.wait(["all_arrived"], wait)
+    except dist.DistError as err:
+        missing = _missing_ranks(store, world_size)
+        if missing:
+            ranks = "rank" if len(missing) == 1 else "ranks"
+            who = f"{ranks} {', '.join(map(str, missing))} of {world_size} did not arrive"
+        else:
+            who = f"not every one of the {world_size} ranks arrived"
+        raise CollectiveTimeoutError(
+            f"Rank {rank} gave up waiting at the rendezvous at {address}:{port}: {who} within "
+            f"{_seconds(wait)}. Check that every node was started, with its own NODE_RANK and "
+            "the same MASTER_ADDR and MASTER_PORT, and that the other machines can reach "
+            f"this address and port. {_WAIT_LONGER}",
+            op="rendezvous",
+            rank=rank,
+            missing_ranks=missing,
+        ) from err
+
+
+def _missing_ranks(store: Any, world_size: int) -> list[int]:
+    """The ranks that have not checked in (empty when the store cannot be asked)."""
+    import torch.distributed as dist
+
+    try:
+        return [r for r in range(world_size) if not store.check([f"arrived/{r}"])]
+    except dist.DistError:
+        return []  # rank 0, which serves the store, has gone

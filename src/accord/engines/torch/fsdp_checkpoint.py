@@ -1,0 +1,185 @@
+"""FSDP's checkpoints: a sharded directory, or one full file; loading accepts either.
+
+* ``"sharded"``: a directory written with `torch.distributed.checkpoint` (every rank
+  writes its shards) plus `META_FILE` with everything that is not a model or optimizer
+  tensor. It loads into any number of ranks.
+* ``"full"``: one ordinary checkpoint file written by rank 0, its tensors gathered to CPU;
+  the model part loads into a plain module as well.
+
+A sharded checkpoint is written under a temporary name beside its destination and renamed
+into place, so a crash leaves the previous one intact.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from lightning_utilities.core.apply_func import apply_to_collection
+from torch import nn
+
+from accord.checkpoint_io import load_checkpoint_file, save_checkpoint_file
+from accord.core.strategy import Strategy
+from accord.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+__all__ = [
+    "META_FILE",
+    "holds_dtensors",
+    "load_options",
+    "load_sharded",
+    "name_parameters",
+    "remove_path",
+    "save_sharded",
+    "state_dict_options",
+]
+
+META_FILE = "accord_meta.pt"
+"""The file inside a sharded checkpoint directory that holds the non-tensor state."""
+
+
+def state_dict_options(*, full: bool) -> StateDictOptions:
+    """How to read a model's or optimizer's state: its own shards, or the full tensors
+    gathered to rank 0's CPU (the other ranks get an empty dict)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=full, cpu_offload=full)
+
+
+def load_options(state: dict[str, Any], strict: bool = True) -> StateDictOptions:
+    """How to load ``state``: every rank holds what it loads, its own shards (DTensors) or
+    a copy of the full tensors."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=not holds_dtensors(state), strict=strict)
+
+
+def holds_dtensors(state: Any) -> bool:
+    """Whether a (nested) state dict holds DTensors: one read from a sharded checkpoint."""
+    from torch.distributed.tensor import DTensor
+
+    found: list[bool] = []
+    apply_to_collection(state, DTensor, lambda _: found.append(True))
+    return bool(found)
+
+
+def save_sharded(
+    strategy: Strategy, checkpoint: dict[str, Any], path: Path, process_group: ProcessGroup
+) -> None:
+    """Write ``checkpoint`` as a sharded directory at ``path`` (every rank must call it)."""
+    from torch.distributed.checkpoint.state_dict_saver import save
+
+    staging = path.with_name(f".{path.name}.tmp")
+    tensors: dict[str, Any] = {"model": checkpoint["state_dict"]}
+    optimizer_states = checkpoint.get("optimizer_states", [])
+    for index, state in enumerate(optimizer_states):
+        tensors[f"optimizer_{index}"] = state
+    meta = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
+    meta["fsdp_sharded"] = {
+        "optimizer_count": len(optimizer_states),
+        "world_size": strategy.world_size,
+    }
+    if strategy.is_global_zero:
+        remove_path(staging)  # left over from a run that crashed mid-save
+    strategy.barrier("fsdp_save_checkpoint_start")
+    save(tensors, checkpoint_id=staging, process_group=process_group)
+    if strategy.is_global_zero:
+        save_checkpoint_file(meta, staging / META_FILE)
+        _replace(staging, path)
+    strategy.barrier("fsdp_save_checkpoint")
+
+
+def load_sharded(
+    path: Path,
+    model: nn.Module,
+    optimizers: list[torch.optim.Optimizer],
+    process_group: ProcessGroup,
+    *,
+    weights_only: bool = True,
+) -> dict[str, Any]:
+    """Read the sharded checkpoint at ``path`` into this run's shards (collective).
+
+    Its ``state_dict`` and ``optimizer_states`` hold DTensors shaped like ``model``'s
+    shards, whatever the number of ranks that wrote it. Optimizer states are read only
+    when the checkpoint has as many as ``optimizers``; otherwise they are empty
+    placeholders and the Trainer reports the mismatch.
+    """
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+    from torch.distributed.checkpoint.state_dict_loader import load
+
+    if not (path / META_FILE).is_file():
+        raise CheckpointError(
+            f"{str(path)!r} is a directory without {META_FILE}: not a sharded accord "
+            "checkpoint (or one whose save did not finish)."
+        )
+    checkpoint = load_checkpoint_file(path / META_FILE, weights_only=weights_only)
+    options = state_dict_options(full=False)
+    # DCP loads in place into tensors shaped like this run's shards.
+    tensors: dict[str, Any] = {"model": get_model_state_dict(model, options=options)}
+    count = int(checkpoint.get("fsdp_sharded", {}).get("optimizer_count", 0))
+    loadable = optimizers if count == len(optimizers) else []
+    for index, optimizer in enumerate(loadable):
+        tensors[f"optimizer_{index}"] = dict(
+            get_optimizer_state_dict(model, optimizer, options=options)
+        )
+    load(tensors, checkpoint_id=path, process_group=process_group)
+    checkpoint["state_dict"] = tensors["model"]
+    checkpoint["optimizer_states"] = [
+        tensors.get(f"optimizer_{index}", {}) for index in range(count)
+    ]
+    return checkpoint
+
+
+def name_parameters(
+    state: dict[str, Any], optimizer: torch.optim.Optimizer, model: nn.Module
+) -> dict[str, Any]:
+    """``state`` with numbered parameters (a plain ``optimizer.state_dict()``, as DDP or
+    one device save it) renamed to ``model``'s parameter names.
+
+    Raises:
+        CheckpointError: the state covers a different number of parameters.
+    """
+    groups = state.get("param_groups", [])
+    if not groups or all(isinstance(i, str) for g in groups for i in g["params"]):
+        return state
+    names = {id(p): name for name, p in model.named_parameters()}
+    # optimizer.state_dict() numbers the parameters in the order of its param_groups.
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    if len(order) != sum(len(g["params"]) for g in groups):
+        raise CheckpointError(
+            f"The checkpoint's optimizer state covers {sum(len(g['params']) for g in groups)} "
+            f"parameters, but this optimizer has {len(order)}."
+        )
+    return {
+        "state": {order[int(i)]: value for i, value in state.get("state", {}).items()},
+        "param_groups": [{**g, "params": [order[int(i)] for i in g["params"]]} for g in groups],
+    }
+
+
+def remove_path(path: Path) -> None:
+    """Delete a checkpoint file or directory, if there is one."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _replace(source: Path, target: Path) -> None:
+    """Move ``source`` to ``target``, replacing a file or directory already there."""
+    if not target.exists():
+        source.rename(target)
+        return
+    # A directory cannot be renamed over a non-empty one: move the old one aside first.
+    old = target.with_name(f".{target.name}.old")
+    remove_path(old)
+    target.rename(old)
+    source.rename(target)
+    remove_path(old)
