@@ -13,9 +13,12 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Launcher", "threads_per_process"]
+if TYPE_CHECKING:
+    from accord.environments.cluster_environment import ClusterEnvironment
+
+__all__ = ["Launcher", "rank_environment", "threads_per_process"]
 
 
 class Launcher(ABC):
@@ -53,3 +56,20 @@ def threads_per_process(processes: int) -> int:
     if "OMP_NUM_THREADS" in os.environ:
         return max(1, int(os.environ["OMP_NUM_THREADS"]))
     return max(1, (os.cpu_count() or 1) // max(1, processes))
+
+
+def rank_environment(
+    cluster_environment: ClusterEnvironment, num_processes: int, num_nodes: int, port: str
+) -> dict[str, str]:
+    """The variables every local rank a launcher starts shares: rendezvous, world, threads.
+
+    Each rank adds its own ``LOCAL_RANK``.
+    """
+    return {
+        "MASTER_ADDR": cluster_environment.main_address,
+        "MASTER_PORT": port,
+        "NODE_RANK": str(cluster_environment.node_rank()),
+        "WORLD_SIZE": str(num_processes * num_nodes),
+        "LOCAL_WORLD_SIZE": str(num_processes),
+        "OMP_NUM_THREADS": str(threads_per_process(num_processes)),
+    }

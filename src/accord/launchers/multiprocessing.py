@@ -26,7 +26,7 @@ from typing_extensions import override
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.environments.local import find_free_port
 from accord.errors import ConfigurationError, RankFailureError, is_communication_error
-from accord.launchers.launcher import Launcher, threads_per_process
+from accord.launchers.launcher import Launcher, rank_environment
 
 __all__ = ["MultiprocessingLauncher"]
 
@@ -108,14 +108,7 @@ class MultiprocessingLauncher(Launcher):
             _refuse_fork_after_cuda()
         env = self.cluster_environment
         port = os.environ.get("MASTER_PORT") or str(find_free_port(env.main_address))
-        shared = {
-            "MASTER_ADDR": env.main_address,
-            "MASTER_PORT": port,
-            "NODE_RANK": str(env.node_rank()),
-            "WORLD_SIZE": str(self.num_processes * self.num_nodes),
-            "LOCAL_WORLD_SIZE": str(self.num_processes),
-            "OMP_NUM_THREADS": str(threads_per_process(self.num_processes)),
-        }
+        shared = rank_environment(env, self.num_processes, self.num_nodes, port)
         ctx = multiprocessing.get_context(self.start_method)
         work: Any = (fn, args, kwargs)
         if self.start_method != "fork":

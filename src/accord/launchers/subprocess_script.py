@@ -24,7 +24,7 @@ from typing_extensions import override
 
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError, RankFailureError, is_communication_error
-from accord.launchers.launcher import Launcher, threads_per_process
+from accord.launchers.launcher import Launcher, rank_environment
 
 __all__ = ["SubprocessScriptLauncher"]
 
@@ -163,21 +163,13 @@ class SubprocessScriptLauncher(Launcher):
     def _start_children(self) -> None:
         command = _script_command()
         env = self.cluster_environment
-        threads = threads_per_process(self.num_processes)
-        shared = {
-            "MASTER_ADDR": env.main_address,
-            "MASTER_PORT": str(env.main_port),
-            "NODE_RANK": str(env.node_rank()),
-            "WORLD_SIZE": str(self.num_processes * self.num_nodes),
-            "LOCAL_WORLD_SIZE": str(self.num_processes),
-            "OMP_NUM_THREADS": str(threads),
-        }
+        shared = rank_environment(env, self.num_processes, self.num_nodes, str(env.main_port))
         # This process is local rank 0; later fits in the same script must not launch again,
         # because the children run the whole script, those fits included.
         os.environ.update(shared, LOCAL_RANK="0")
         import torch
 
-        torch.set_num_threads(threads)
+        torch.set_num_threads(int(shared["OMP_NUM_THREADS"]))
         for local_rank in range(1, self.num_processes):
             child_env = {
                 **os.environ,
