@@ -21,6 +21,7 @@ import torch
 from models import LinearModel, flat_weights, loader
 
 import accord
+from accord.collectives import DeepSpeedCollective
 from accord.errors import CheckpointError, ConfigurationError
 from accord.strategies import DDPStrategy, DeepSpeedStrategy, consolidate_deepspeed_checkpoint
 from accord.testing import run_distributed
@@ -309,22 +310,54 @@ def _save_and_resume(stage: int, root: Path) -> dict[str, Any]:
     }
 
 
-def _checkpoints(rank: int, world_size: int, root: Path) -> dict[int, Any]:
-    return {stage: _save_and_resume(stage, root / f"stage{stage}") for stage in (2, 3)}
+class RecordingCollective(DeepSpeedCollective):
+    """A user's collective that notes the barriers and object broadcasts sent through it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, str]] = []
+
+    def barrier(self, name: str | None = None) -> None:
+        self.calls.append(("barrier", str(name)))
+        super().barrier(name)
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        result = super().broadcast_object(obj, src)
+        self.calls.append(("broadcast_object", repr(result)))
+        return result
+
+
+def _save_through_a_custom_collective(root: Path) -> list[tuple[str, str]]:
+    """What a 2-epoch fit that saves ``last.ckpt`` twice sent through a user's collective."""
+    collective = RecordingCollective()
+    last = accord.callbacks.ModelCheckpoint(dirpath=root, save_top_k=0, save_last=True)
+    strategy = DeepSpeedStrategy(stage=2, collective=collective)
+    _trainer(strategy, max_epochs=2, callbacks=[last]).fit(AdamModel(), loader(batch_size=16))
+    assert strategy.base_collective is collective
+    return collective.calls
+
+
+def _checkpoints(rank: int, world_size: int, root: Path) -> dict[int | str, Any]:
+    runs: dict[int | str, Any] = {
+        stage: _save_and_resume(stage, root / f"stage{stage}") for stage in (2, 3)
+    }
+    runs["custom"] = _save_through_a_custom_collective(root / "custom")
+    return runs
 
 
 @pytest.fixture(scope="module")
 def checkpoint_runs(
     deepspeed: Any, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Path, list[dict[int, Any]]]:
-    """Save, resume and evaluate at ZeRO stages 2 and 3, in one pair of processes."""
+) -> tuple[Path, list[dict[int | str, Any]]]:
+    """Save, resume and evaluate at ZeRO stages 2 and 3, and save through a user's
+    collective, in one pair of processes."""
     root = tmp_path_factory.mktemp("deepspeed_checkpoints")
     return root, run_distributed(_checkpoints, 2, root, timeout=TIMEOUT)
 
 
 @pytest.mark.parametrize("stage", [2, 3])
 def test_save_and_resume_reach_the_uninterrupted_weights(
-    stage: int, checkpoint_runs: tuple[Path, list[dict[int, Any]]]
+    stage: int, checkpoint_runs: tuple[Path, list[dict[int | str, Any]]]
 ) -> None:
     root, ranks = checkpoint_runs
     results = [result[stage] for result in ranks]
@@ -343,6 +376,26 @@ def test_save_and_resume_reach_the_uninterrupted_weights(
     plain = LinearModel()
     plain.load_state_dict(torch.load(out, weights_only=True))
     torch.testing.assert_close(flat_weights(plain), results[0]["full"], rtol=0, atol=1e-6)
+
+
+def test_a_save_sends_its_tag_and_barriers_through_the_collective(
+    checkpoint_runs: tuple[Path, list[dict[int | str, Any]]],
+) -> None:
+    def save(previous: str | None, tag: str) -> list[tuple[str, str]]:
+        return [
+            ("broadcast_object", repr((previous, tag))),
+            ("barrier", "deepspeed_save_checkpoint_prepare"),
+            ("barrier", "deepspeed_save_checkpoint_written"),
+            ("barrier", "deepspeed_save_checkpoint_committed"),
+            ("barrier", "save_checkpoint"),
+        ]
+
+    expected = [*save(None, "checkpoint-0"), *save("checkpoint-0", "checkpoint-1")]
+    _, ranks = checkpoint_runs
+    for result in ranks:
+        calls = [tuple(call) for call in result["custom"]]
+        # Every save step, in order; other traffic (metrics, callbacks) may come between.
+        assert [call for call in calls if call in expected] == expected
 
 
 def _fit_with_last(root: Path, max_epochs: int, ckpt_path: Path | None) -> dict[str, Any]:

@@ -1,1 +1,1 @@
-"""DeepSpeed: its collective (deepspeed.comm), the ZeRO strategy and its checkpoint format."""
+"""DeepSpeed: its collective, and the ZeRO strategy with its config, checkpoints and ZeRO-3."""

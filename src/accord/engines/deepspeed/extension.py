@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from accord.engines.deepspeed.collective import _import
+from accord.engines.deepspeed.collective import import_deepspeed
 from accord.errors import CollectiveError, ConfigurationError, MissingDependencyError
 
 __all__ = [
@@ -48,6 +48,8 @@ DEFAULT_LOCK_TIMEOUT = 600.0
 
 _POLL_SECONDS = 0.5
 _BUILDER = "ShareMemCommBuilder"
+_FEATURE = "DeepSpeedCollective"
+"""What a missing-deepspeed error names: the collective's setup builds the extension."""
 
 
 @dataclass(frozen=True)
@@ -124,15 +126,17 @@ def shm_extension_build() -> ExtensionBuild | None:
     Raises:
         MissingDependencyError: deepspeed is not installed.
     """
-    accelerator = _import("deepspeed.accelerator").get_accelerator()
+    accelerator = import_deepspeed("deepspeed.accelerator", feature=_FEATURE).get_accelerator()
     builder: Any = accelerator.create_op_builder(_BUILDER)
     if builder is None:
         return None
-    # The same tests as deepspeed.comm.torch.build_shm_op and OpBuilder.load.
-    compatible: dict[str, bool] = _import("deepspeed.ops").__compatible_ops__
+    # The same tests as DeepSpeed's build_shm_op (in its torch communication backend) and
+    # OpBuilder.load.
+    ops = import_deepspeed("deepspeed.ops", feature=_FEATURE)
+    compatible: dict[str, bool] = ops.__compatible_ops__
     if not compatible.get(builder.NAME, False):
         return None
-    installed = _import("deepspeed.git_version_info")
+    installed = import_deepspeed("deepspeed.git_version_info", feature=_FEATURE)
     if installed.installed_ops.get(builder.name, False) and (
         installed.accelerator_name == accelerator._name
     ):
@@ -212,7 +216,7 @@ def build_shm_extension() -> ExtensionBuild | None:
     """
     build = prepare_shm_extension(announce=True)
     if build is not None:
-        accelerator = _import("deepspeed.accelerator").get_accelerator()
+        accelerator = import_deepspeed("deepspeed.accelerator", feature=_FEATURE).get_accelerator()
         accelerator.create_op_builder(_BUILDER).load()
     return build
 

@@ -1,48 +1,29 @@
 """`DeepSpeedStrategy`: data parallel training with a DeepSpeed engine and ZeRO stages 1-3.
 
 DeepSpeed is imported only when a run starts (``setup_module``), so ``import accord`` and
-building the registry never import it. Building the strategy without DeepSpeed installed
-raises `MissingDependencyError`, which says how to install it.
+building the registry never import it. How the Trainer's loop maps onto the engine:
 
-How the Trainer's loop maps onto the engine:
-
-- the model is wrapped in a `StepModule` and handed to ``deepspeed.initialize`` together
-  with the optimizer from ``configure_optimizers`` (unless the config names its own), so
-  every step hook runs through the engine's ``forward`` (ZeRO-3 gathers parameters there);
-- gradient accumulation: the Trainer already divides the loss by
-  ``accumulate_grad_batches`` and says, through `no_backward_sync`, whether a batch ends an
-  accumulation window. The strategy writes ``gradient_accumulation_steps`` into the config,
-  tells the engine where every window ends (``set_gradient_accumulation_boundary``), calls
-  ``engine.backward(loss, scale_wrt_gas=False)`` (no second division), and
-  ``engine.step()`` once per window — so a short last window of an epoch steps too, as on
-  every other strategy;
-- gradient clipping: ``Trainer(gradient_clip_val=...)`` becomes the config's
-  ``gradient_clipping``, applied inside ``engine.step()``;
-- precision: ``"16-mixed"`` and ``"16-true"`` enable DeepSpeed's ``fp16`` (CUDA only),
-  ``"bf16-mixed"`` and ``"bf16-true"`` its ``bf16``; the engine casts the model and keeps
-  fp32 master weights, and the strategy casts floating-point batch tensors to the model's
-  dtype;
-- checkpoints: ``engine.save_checkpoint`` writes one directory per checkpoint (every rank
-  its own shard); the Trainer's other state (loop position, callbacks, schedulers, RNG)
-  travels as the engine's client state. A save writes a tag directory the checkpoint's
-  ``latest`` file does not name and replaces ``latest`` only when every rank is done, so
-  a crash mid-save leaves the previous checkpoint whole. `consolidate_deepspeed_checkpoint`
-  turns such a directory into a plain state dict file.
+- the model is wrapped in a `StepModule` and handed to ``deepspeed.initialize`` with the
+  optimizer from ``configure_optimizers`` (unless the config names its own), so every step
+  hook runs through the engine's ``forward`` (ZeRO-3 gathers parameters there);
+- accumulation: the Trainer divides the loss by ``accumulate_grad_batches`` and says,
+  through `no_backward_sync`, whether a batch ends a window; the strategy tells the engine
+  (``set_gradient_accumulation_boundary``), calls ``engine.backward(loss,
+  scale_wrt_gas=False)`` and ``engine.step()`` once per window, so a short last window of
+  an epoch steps too, as on every other strategy;
+- the config (`accord.engines.deepspeed.config`) takes accumulation, clipping and the
+  `DeepSpeedPrecision` section from the Trainer's settings;
+- checkpoints are directories in the atomic tag/latest format of
+  `accord.engines.deepspeed.checkpoint`; ZeRO-3's gathers are in `accord.engines.deepspeed.zero3`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
-import importlib
-import importlib.util
-import json
-import os
 import shutil
 import sys
 from datetime import timedelta
 from pathlib import Path
-from types import ModuleType
 from typing import Any, cast
 
 import torch
@@ -50,107 +31,36 @@ from torch import nn
 from typing_extensions import override
 
 from accord.accelerators.accelerator import Accelerator
-from accord.checkpoint_io import save_checkpoint_file, write_bytes_atomically
 from accord.core.collective import Collective
 from accord.core.parallel import ParallelStrategy, StartMethod
 from accord.core.step_module import StepModule
-from accord.engines.deepspeed.collective import DeepSpeedCollective
+from accord.engines.deepspeed import checkpoint as ckpt
+from accord.engines.deepspeed import zero3
+from accord.engines.deepspeed.checkpoint import consolidate_deepspeed_checkpoint
+from accord.engines.deepspeed.collective import DeepSpeedCollective, require_deepspeed
+from accord.engines.deepspeed.config import (
+    build_config,
+    evaluation_config,
+    training_config,
+    zero_stage,
+)
+from accord.engines.deepspeed.engine import initialize_engine, require_process_group
+from accord.engines.deepspeed.precision import DeepSpeedPrecision
 from accord.environments.cluster_environment import ClusterEnvironment
-from accord.errors import CheckpointError, ConfigurationError, MissingDependencyError
-from accord.precision import Precision, PrecisionMode
+from accord.errors import CheckpointError, ConfigurationError
+from accord.precision import Precision
 
 __all__ = ["DeepSpeedPrecision", "DeepSpeedStrategy", "consolidate_deepspeed_checkpoint"]
-
-
-_STAGES = (1, 2, 3)
-_TAGS = ("checkpoint-0", "checkpoint-1")
-"""The tags a checkpoint directory's saves take in turn (``<dir>/<tag>/`` holds the files)."""
-_CLIENT_KEY = "accord"
-"""The key of the Trainer's state inside the engine's client state."""
-_STEP_PREFIX = "module."
-"""What `StepModule` puts before the user's parameter names."""
-
-
-def _missing() -> MissingDependencyError:
-    return MissingDependencyError("DeepSpeedStrategy", "deepspeed", "deepspeed")
-
-
-def _import(name: str) -> ModuleType:
-    """Import ``name`` (deepspeed or one of its modules), or say how to install deepspeed."""
-    try:
-        return importlib.import_module(name)
-    except ImportError as err:
-        raise _missing() from err
-
-
-class _FromEngine(dict[str, Any]):
-    """An empty placeholder for state the DeepSpeed engine saves or restores itself."""
-
-
-class DeepSpeedPrecision(Precision):
-    """The Trainer's precision under DeepSpeed: the engine casts and scales, not torch.amp.
-
-    There is no autocast and no `torch.amp.GradScaler` (DeepSpeed's fp16 mode scales the
-    loss itself); `deepspeed_config` gives the config entries for the mode, and
-    `convert_input` casts floating-point batch tensors to the dtype the engine gives the
-    model.
-
-    Args:
-        mode, device: as `Precision`.
-    """
-
-    def __init__(self, mode: str | int | PrecisionMode = "32-true", device: Any = "cpu") -> None:
-        super().__init__(mode, device)
-        self.scaler = None
-
-    @property
-    @override
-    def input_dtype(self) -> torch.dtype | None:
-        """The dtype the engine's model computes in, or None for fp32.
-
-        The engine casts the model in the mixed modes too, so their batches are cast as
-        well (`convert_input`, inherited, called from ``Strategy.batch_to_device``).
-        """
-        return {
-            PrecisionMode.FP16_MIXED: torch.float16,
-            PrecisionMode.BF16_MIXED: torch.bfloat16,
-            PrecisionMode.BF16_TRUE: torch.bfloat16,
-            PrecisionMode.FP16_TRUE: torch.float16,
-        }.get(self.mode)
-
-    @property
-    def config_key(self) -> str | None:
-        """``"fp16"``, ``"bf16"``, or None: the DeepSpeed config section this mode enables."""
-        dtype = self.input_dtype
-        if dtype is None:
-            return None
-        return "fp16" if dtype == torch.float16 else "bf16"
-
-    def deepspeed_config(self) -> dict[str, Any]:
-        """The config entries that select this precision in DeepSpeed."""
-        key = self.config_key
-        return {key: {"enabled": True}} if key is not None else {}
-
-    @override
-    def convert_module(self, module: nn.Module) -> nn.Module:
-        return module  # the engine casts the parameters
-
-    @override
-    @contextlib.contextmanager
-    def forward_context(self) -> Any:
-        yield
-
-    @override
-    def __repr__(self) -> str:
-        return f"DeepSpeedPrecision({self.mode.value!r})"
 
 
 class DeepSpeedStrategy(ParallelStrategy):
     """Data parallel training through a DeepSpeed engine, with ZeRO stage 1, 2 or 3.
 
-    The collective is a `DeepSpeedCollective` (``deepspeed.comm``). Processes start as
-    under ``ddp``: the script is re-run for each local rank (``start_method="popen"``) or
-    the ranks are spawned/forked; under torchrun or SLURM nothing is started.
+    The collective is a `DeepSpeedCollective` (DeepSpeed's communication module over a
+    torch.distributed process group); the engine's ZeRO traffic runs on that group.
+    Processes start as under ``ddp``: the script is re-run for each local rank
+    (``start_method="popen"``) or the ranks are spawned/forked; under torchrun or SLURM
+    nothing is started.
 
     Args:
         stage: the ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also
@@ -160,7 +70,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         config: a complete DeepSpeed config, as a dict or the path of a JSON file. Pass
             either ``config`` or ``stage``/``offload_*``/keyword entries, not both.
         start_method: ``"popen"``, ``"spawn"``, ``"fork"`` or ``"forkserver"``, as `DDPStrategy`.
-        process_group_backend: the torch.distributed backend under deepspeed.comm
+        process_group_backend: the torch.distributed backend of the `DeepSpeedCollective`
             (default: gloo on CPU, the accelerator's own otherwise).
         timeout: seconds a collective may wait for the other ranks.
         **config_entries: more top-level DeepSpeed config entries, e.g.
@@ -169,18 +79,11 @@ class DeepSpeedStrategy(ParallelStrategy):
         accelerator, parallel_devices, cluster_environment, collective, precision, num_nodes, debug:
             as `ParallelStrategy`.
 
-    The strategy fills in what the Trainer decides: ``gradient_accumulation_steps``
-    (``accumulate_grad_batches``), ``gradient_clipping`` (``gradient_clip_val``),
-    ``fp16``/``bf16`` (``precision``) and, when the config does not set a batch size,
-    ``train_micro_batch_size_per_gpu: 1`` (DeepSpeed only uses it for reporting here). A
-    config that contradicts the Trainer raises `ConfigurationError`.
-
-    The optimizer from ``configure_optimizers`` is used unless the config names one
-    (``zero_allow_untested_optimizer`` is set for it). When the config names one,
-    DeepSpeed builds it from the model's parameters, and LR schedulers returned by
-    ``configure_optimizers`` drive nothing: put the scheduler in the config as well. An
-    Adam/AdamW the config names gets ``torch_adam: true`` on CPU (DeepSpeed's fused Adam
-    needs CUDA).
+    When a run starts, the config takes ``gradient_accumulation_steps``,
+    ``gradient_clipping`` and ``fp16``/``bf16`` from the Trainer (a config that contradicts
+    it raises `ConfigurationError`). The optimizer from ``configure_optimizers`` is used
+    unless the config names one; then DeepSpeed builds it, and LR schedulers from
+    ``configure_optimizers`` drive nothing: put the scheduler in the config as well.
 
     Raises:
         MissingDependencyError: deepspeed is not installed.
@@ -206,8 +109,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         debug: bool = False,
         **config_entries: Any,
     ) -> None:
-        if importlib.util.find_spec("deepspeed") is None:
-            raise _missing()
+        require_deepspeed("DeepSpeedStrategy")
         super().__init__(
             accelerator,
             parallel_devices,
@@ -220,7 +122,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         )
         self.process_group_backend = process_group_backend
         self.timeout = timeout
-        self.config = _build_config(
+        self.config = build_config(
             stage, offload_optimizer, offload_parameters, config, config_entries
         )
         self.engine_config: dict[str, Any] | None = None
@@ -233,7 +135,7 @@ class DeepSpeedStrategy(ParallelStrategy):
     @property
     def zero_stage(self) -> int:
         """The ZeRO stage (1, 2 or 3)."""
-        return int(self.config["zero_optimization"]["stage"])
+        return zero_stage(self.config)
 
     @property
     def engine(self) -> Any:
@@ -260,14 +162,7 @@ class DeepSpeedStrategy(ParallelStrategy):
     def setup_module(self, module: nn.Module) -> nn.Module:
         self._release_engine(gather=False)
         module = super().setup_module(module)
-        import torch.distributed as dist
-
-        if not dist.is_available() or not dist.is_initialized():
-            raise ConfigurationError(
-                "DeepSpeed runs on a torch.distributed process group, but "
-                f"{type(self.collective).__name__} did not create or join one. Use "
-                "DeepSpeedCollective or a collective built on TorchCollective."
-            )
+        require_process_group(type(self.collective).__name__)
         self._step_module = StepModule(module)
         return self._step_module
 
@@ -288,96 +183,19 @@ class DeepSpeedStrategy(ParallelStrategy):
         """``deepspeed.initialize`` for training (with ``optimizer``) or evaluation (None)."""
         if self._step_module is None:
             raise ConfigurationError("setup_module() must run before the DeepSpeed engine starts.")
-        deepspeed = _import("deepspeed")
-        trains = optimizer is not None
-        config = self._training_config() if trains else self._evaluation_config()
-        kwargs: dict[str, Any] = {}
-        if trains:
-            if "optimizer" in config:
-                params = [p for p in self._step_module.parameters() if p.requires_grad]
-                kwargs["model_parameters"] = params
-            else:
-                kwargs["optimizer"] = optimizer
+        if optimizer is None:
+            config = evaluation_config(self.config, self.precision)
+        else:
+            config = training_config(
+                self.config, self.run_settings, self.precision, self.root_device.type
+            )
         self.engine_config = config
-        engine, *_ = deepspeed.initialize(
-            model=self._step_module,
-            config=copy.deepcopy(config),
-            dist_init_required=False,
-            **kwargs,
-        )
-        self._engine = engine
-        self._trains = trains
-        return engine
+        self._engine = initialize_engine(self._step_module, config, optimizer)
+        self._trains = optimizer is not None
+        return self._engine
 
     def _ensure_engine(self) -> Any:
         return self._engine if self._engine is not None else self._init_engine(None)
-
-    def _training_config(self) -> dict[str, Any]:
-        config = copy.deepcopy(self.config)
-        accumulate = self.run_settings.accumulate_grad_batches
-        clip = self.run_settings.gradient_clip_val
-        if "train_micro_batch_size_per_gpu" not in config and "train_batch_size" not in config:
-            config["train_micro_batch_size_per_gpu"] = 1
-        steps = config.get("gradient_accumulation_steps")
-        if steps is not None and int(steps) != accumulate:
-            raise ConfigurationError(
-                f"The DeepSpeed config sets gradient_accumulation_steps={steps} but the Trainer "
-                f"accumulates {accumulate} batch(es). Set Trainer(accumulate_grad_batches=...) "
-                "and leave gradient_accumulation_steps out of the config."
-            )
-        config["gradient_accumulation_steps"] = accumulate
-        if clip is not None:
-            configured = config.get("gradient_clipping")
-            if configured not in (None, 0, 0.0) and float(configured) != float(clip):
-                raise ConfigurationError(
-                    f"The DeepSpeed config sets gradient_clipping={configured} but the Trainer "
-                    f"has gradient_clip_val={clip}. Set one of them only."
-                )
-            config["gradient_clipping"] = float(clip)
-        else:
-            # DeepSpeed clips to 1.0 when the config is silent; the Trainer asked for none.
-            config.setdefault("gradient_clipping", 0.0)
-        self._apply_precision(config)
-        zero = config["zero_optimization"]
-        offloads = zero.get("offload_optimizer", {}).get("device", "none") not in (None, "none")
-        if "optimizer" in config:
-            optimizer = config["optimizer"]
-            kind = str(optimizer.get("type", "")).lower()
-            if kind in ("adam", "adamw") and self.root_device.type == "cpu":
-                optimizer.setdefault("params", {}).setdefault("torch_adam", True)
-        else:
-            config.setdefault("zero_allow_untested_optimizer", True)
-            if offloads:
-                # A client optimizer steps the offloaded fp32 partition on the CPU.
-                config.setdefault("zero_force_ds_cpu_optimizer", False)
-        return config
-
-    def _evaluation_config(self) -> dict[str, Any]:
-        """An engine without an optimizer: ZeRO only where it shards parameters (stage 3)."""
-        config: dict[str, Any] = {
-            "train_micro_batch_size_per_gpu": self.config.get("train_micro_batch_size_per_gpu", 1)
-        }
-        for key in ("fp16", "bf16", "steps_per_print", "wall_clock_breakdown"):
-            if key in self.config:
-                config[key] = copy.deepcopy(self.config[key])
-        if self.zero_stage == 3:
-            config["zero_optimization"] = copy.deepcopy(self.config["zero_optimization"])
-        self._apply_precision(config)
-        return config
-
-    def _apply_precision(self, config: dict[str, Any]) -> None:
-        wanted = self.precision.config_key
-        for key in ("fp16", "bf16"):
-            enabled = bool(config.get(key, {}).get("enabled", False))
-            if enabled and key != wanted:
-                raise ConfigurationError(
-                    f"The DeepSpeed config enables {key!r} but the Trainer's precision is "
-                    f"{self.precision.mode.value!r}. Pass "
-                    f"precision={'16-mixed' if key == 'fp16' else 'bf16-mixed'!r} to the Trainer "
-                    "(or remove the entry from the config)."
-                )
-        if wanted is not None:
-            config.setdefault(wanted, {})["enabled"] = True
 
     # ------------------------------------------------------------ training step
     @override
@@ -465,7 +283,7 @@ class DeepSpeedStrategy(ParallelStrategy):
             return
         step_module = self._step_module
         if gather and self.zero_stage == 3 and step_module is not None:
-            _materialize_zero3_parameters(step_module.module)
+            zero3.materialize_parameters(step_module.module)
         engine.destroy()
         self._trains = False
 
@@ -477,13 +295,9 @@ class DeepSpeedStrategy(ParallelStrategy):
         Under ZeRO-3 the parameters are gathered one module at a time (every rank must
         call this) and only global rank 0 receives them; the other ranks get ``{}``.
         """
-        engine = self._engine
-        if engine is None or self.zero_stage != 3:
+        if self._engine is None or self.zero_stage != 3:
             return self.unwrap(module).state_dict()
-        state = engine._zero3_consolidated_16bit_state_dict()
-        if state is None:
-            return {}
-        return _strip_step_prefix(state)
+        return zero3.full_state_dict(self._engine)
 
     @override
     def load_module_state_dict(
@@ -494,27 +308,21 @@ class DeepSpeedStrategy(ParallelStrategy):
         Every rank must call this under ZeRO-3. The placeholder that `load_checkpoint`
         returns for a DeepSpeed checkpoint is skipped: the engine restored those weights.
         """
-        if isinstance(state, _FromEngine):
+        if isinstance(state, ckpt.EngineState):
             return
         target = self.unwrap(module)
-        engine = self._engine
-        if engine is None:
-            target.load_state_dict(state, strict=strict)
-            return
-        if self.zero_stage == 3:
-            deepspeed = _import("deepspeed")
-            with deepspeed.zero.GatheredParameters(list(target.parameters()), modifier_rank=0):
-                target.load_state_dict(state, strict=strict)
+        if self._engine is not None and self.zero_stage == 3:
+            zero3.load_full_state_dict(target, state, strict)
         else:
             target.load_state_dict(state, strict=strict)
-        refresh = getattr(engine.optimizer, "refresh_fp32_params", None)
+        refresh = getattr(getattr(self._engine, "optimizer", None), "refresh_fp32_params", None)
         if callable(refresh):
-            refresh()
+            refresh()  # the engine's fp32 master weights follow the loaded ones
 
     @override
     def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """An empty placeholder: the engine writes its (sharded) optimizer state itself."""
-        return _FromEngine()
+        return ckpt.EngineState()
 
     @override
     def load_optimizer_state_dict(
@@ -525,7 +333,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         Raises:
             CheckpointError: ``state`` is another strategy's optimizer state.
         """
-        if isinstance(state, _FromEngine):
+        if isinstance(state, ckpt.EngineState):
             return
         raise CheckpointError(
             "This checkpoint was not written by DeepSpeedStrategy: its optimizer state cannot "
@@ -537,43 +345,15 @@ class DeepSpeedStrategy(ParallelStrategy):
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path) -> None:
         """Write a checkpoint directory with ``engine.save_checkpoint`` (every rank must call it).
 
-        Each rank writes its shard of the model and optimizer states under
-        ``<path>/<tag>/``; the rest of ``checkpoint`` (everything but ``state_dict``
-        and ``optimizer_states``) is stored as the engine's client state. The tag is the
-        one of ``checkpoint-0`` and ``checkpoint-1`` that ``<path>/latest`` does not name;
-        ``latest`` is replaced (atomically) after every rank has written its shard, and
-        only then is the previous tag deleted, so a crash mid-save leaves the previous
-        checkpoint loadable. Outside training (no engine with an optimizer) the checkpoint
-        is one file, as in `Strategy`.
+        Each rank writes its shards; the rest of ``checkpoint`` travels as the engine's
+        client state, and a crash mid-save leaves the previous checkpoint loadable (see
+        `save_engine_checkpoint`). Outside training the checkpoint is one file, as in
+        `Strategy`.
         """
         if self._engine is None or not self._trains:
             super().save_checkpoint(checkpoint, path)
             return
-        client = {
-            k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")
-        }
-        target = Path(path)
-        tags: tuple[str | None, str] | None = None
-        if self.is_global_zero:
-            if target.is_file():
-                target.unlink()  # a single-file checkpoint of an earlier evaluation run
-            previous = _read_latest(target)
-            tags = (previous, _TAGS[1] if previous == _TAGS[0] else _TAGS[0])
-        previous, tag = cast(tuple[str | None, str], self.broadcast(tags))
-        if self.local_rank == 0:
-            shutil.rmtree(target / tag, ignore_errors=True)  # what a crashed save left
-        self.barrier("deepspeed_save_checkpoint_prepare")
-        self._engine.save_checkpoint(
-            str(target), tag=tag, client_state={_CLIENT_KEY: client}, save_latest=False
-        )
-        self.barrier("deepspeed_save_checkpoint_written")
-        if self.is_global_zero:
-            write_bytes_atomically(tag.encode(), target / "latest")
-            # Rewriting files inside leaves a directory's mtime alone; ckpt_path="last" reads it.
-            os.utime(target)
-        self.barrier("deepspeed_save_checkpoint_committed")
-        if previous is not None and previous != tag and self.local_rank == 0:
-            shutil.rmtree(target / previous, ignore_errors=True)
+        ckpt.save_engine_checkpoint(self, self._engine, checkpoint, Path(path))
         self.barrier("save_checkpoint")
 
     @override
@@ -589,31 +369,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         source = Path(path)
         if source.is_file():
             return super().load_checkpoint(source, weights_only=weights_only)
-        if not source.is_dir():
-            raise CheckpointError(
-                f"No checkpoint at {str(source)!r}. Check the path, or pass ckpt_path='last' "
-                "to resume from the latest checkpoint."
-            )
-        if self._engine is None or not self._trains:
-            state, client = _consolidate(source, None)
-            return {**client, "state_dict": state}
-        load_path, client = self._engine.load_checkpoint(
-            str(source), load_optimizer_states=True, load_lr_scheduler_states=False
-        )
-        if load_path is None or not isinstance(client, dict):
-            raise CheckpointError(
-                f"DeepSpeed could not load {str(source)!r} (no 'latest' file or tag directory)."
-            )
-        if _CLIENT_KEY not in client:
-            raise CheckpointError(
-                f"{str(source)!r} is a DeepSpeed checkpoint without accord's training state "
-                "(loop position, callbacks); it cannot resume a fit. Evaluate from it, or "
-                "consolidate it with consolidate_deepspeed_checkpoint() and load the weights."
-            )
-        checkpoint = dict(client[_CLIENT_KEY])
-        checkpoint["state_dict"] = _FromEngine()
-        checkpoint["optimizer_states"] = [_FromEngine()]
-        return checkpoint
+        return ckpt.load_checkpoint_directory(source, self._engine if self._trains else None)
 
     @override
     def remove_checkpoint(self, path: str | Path) -> None:
@@ -630,202 +386,3 @@ class DeepSpeedStrategy(ParallelStrategy):
             f"{type(self).__name__}(stage={self.zero_stage}, "
             f"collective={type(self.collective).__name__})"
         )
-
-
-def consolidate_deepspeed_checkpoint(
-    checkpoint_dir: str | Path, output_file: str | Path, *, tag: str | None = None
-) -> Path:
-    """Turn a ZeRO checkpoint directory into one plain fp32 state dict file.
-
-    Works offline, in one process: the shards every rank wrote are merged with DeepSpeed's
-    ``zero_to_fp32`` utilities. The file holds the model's state dict (parameter names as
-    in the user's module), so ``model.load_state_dict(torch.load(output_file))`` works
-    without DeepSpeed.
-
-    Args:
-        checkpoint_dir: a directory `DeepSpeedStrategy.save_checkpoint` (or DeepSpeed's
-            ``engine.save_checkpoint``) wrote.
-        output_file: where to write the state dict (atomically).
-        tag: the tag inside ``checkpoint_dir``; default: its ``latest`` file.
-
-    Returns:
-        ``output_file`` as a `Path`.
-
-    Raises:
-        MissingDependencyError: deepspeed is not installed.
-        CheckpointError: ``checkpoint_dir`` is not a DeepSpeed checkpoint.
-    """
-    state, _ = _consolidate(Path(checkpoint_dir), tag)
-    return save_checkpoint_file(state, output_file)
-
-
-# -------------------------------------------------------------------- helpers
-def _build_config(
-    stage: int | None,
-    offload_optimizer: bool,
-    offload_parameters: bool,
-    config: dict[str, Any] | str | Path | None,
-    entries: dict[str, Any],
-) -> dict[str, Any]:
-    """The DeepSpeed config from ``config`` or from the keyword options."""
-    if config is not None:
-        if stage is not None or offload_optimizer or offload_parameters or entries:
-            raise ConfigurationError(
-                "Pass either config= (a complete DeepSpeed config) or stage=/offload_*=/config "
-                f"entries, not both (got config and {_given(stage, offload_optimizer, offload_parameters, entries)})."
-            )
-        result = _read_config(config)
-        zero = result.setdefault("zero_optimization", {})
-        if not isinstance(zero, dict):
-            raise ConfigurationError("The DeepSpeed config's zero_optimization must be a dict.")
-        zero.setdefault("stage", 2)
-    else:
-        zero = dict(entries.pop("zero_optimization", None) or {})
-        if stage is not None and "stage" in zero and int(zero["stage"]) != stage:
-            raise ConfigurationError(
-                f"stage={stage} but zero_optimization sets stage={zero['stage']}; pass one."
-            )
-        zero["stage"] = stage if stage is not None else int(zero.get("stage", 2))
-        if offload_optimizer:
-            zero.setdefault("offload_optimizer", {"device": "cpu"})
-        if offload_parameters:
-            zero.setdefault("offload_param", {"device": "cpu"})
-        result = {**copy.deepcopy(entries), "zero_optimization": zero}
-    stage_value = zero["stage"]
-    if isinstance(stage_value, bool) or stage_value not in _STAGES:
-        raise ConfigurationError(
-            f"ZeRO stage {stage_value!r} is not supported: use 1, 2 or 3 (for plain data "
-            "parallel training use strategy='ddp')."
-        )
-    if zero.get("offload_param", {}).get("device", "none") not in (None, "none") and (
-        stage_value != 3
-    ):
-        raise ConfigurationError(
-            f"offload_parameters needs ZeRO stage 3 (stage is {stage_value}): only stage 3 "
-            "shards the parameters."
-        )
-    return result
-
-
-def _given(
-    stage: int | None, offload_opt: bool, offload_params: bool, entries: dict[str, Any]
-) -> str:
-    names = [
-        name
-        for name, value in (
-            ("stage", stage is not None),
-            ("offload_optimizer", offload_opt),
-            ("offload_parameters", offload_params),
-        )
-        if value
-    ]
-    return ", ".join([*names, *sorted(entries)])
-
-
-def _read_config(config: dict[str, Any] | str | Path) -> dict[str, Any]:
-    if isinstance(config, dict):
-        return copy.deepcopy(config)
-    path = Path(config)
-    if not path.is_file():
-        raise ConfigurationError(
-            f"DeepSpeed config {str(path)!r} does not exist. Pass a dict or the path of a JSON "
-            "file."
-        )
-    try:
-        loaded = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ConfigurationError(
-            f"DeepSpeed config {str(path)!r} is not valid JSON: {err}"
-        ) from err
-    if not isinstance(loaded, dict):
-        raise ConfigurationError(f"DeepSpeed config {str(path)!r} must hold a JSON object.")
-    return loaded
-
-
-def _strip_step_prefix(state: dict[str, Any]) -> dict[str, Any]:
-    """Names as in the user's module (drop `StepModule`'s ``module.``)."""
-    return {
-        (key[len(_STEP_PREFIX) :] if key.startswith(_STEP_PREFIX) else key): value
-        for key, value in state.items()
-    }
-
-
-def _read_latest(directory: Path) -> str | None:
-    """The tag a checkpoint directory's ``latest`` file names, or None without one."""
-    try:
-        return (directory / "latest").read_text().strip() or None
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-
-
-def _checkpoint_tag(directory: Path, tag: str | None) -> str:
-    found = tag if tag is not None else _read_latest(directory)
-    if found is None:
-        raise CheckpointError(
-            f"{str(directory)!r} is not a DeepSpeed checkpoint: it has no 'latest' file (a "
-            "save that did not finish leaves none). Pass tag= to name the tag directory to read."
-        )
-    return found
-
-
-def _model_states_file(directory: Path, tag: str) -> Path:
-    files = sorted((directory / tag).glob("*model_states.pt"))
-    if not files:
-        raise CheckpointError(
-            f"{str(directory / tag)!r} holds no DeepSpeed model states file (*model_states.pt)."
-        )
-    return files[0]
-
-
-def _load_model_states(directory: Path, tag: str) -> dict[str, Any]:
-    source = _model_states_file(directory, tag)
-    try:
-        # DeepSpeed's own files hold pickled config objects; DeepSpeed reads them so too.
-        loaded = torch.load(source, map_location="cpu", weights_only=False)
-    except Exception as err:
-        raise CheckpointError(f"{str(source)!r} is not readable: {err}") from err
-    if not isinstance(loaded, dict):
-        raise CheckpointError(f"{str(source)!r} holds a {type(loaded).__name__}, not a dict.")
-    return loaded
-
-
-def _consolidate(directory: Path, tag: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A ZeRO checkpoint's full fp32 state dict and the Trainer state stored beside it.
-
-    The state dict has the user's parameter names when accord wrote the checkpoint; the
-    Trainer state is empty for a checkpoint DeepSpeed wrote for someone else.
-    """
-    if not directory.is_dir():
-        raise CheckpointError(f"{str(directory)!r} is not a DeepSpeed checkpoint directory.")
-    tag = _checkpoint_tag(directory, tag)
-    zero_to_fp32 = _import("deepspeed.utils.zero_to_fp32")
-    try:
-        state = dict(zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=tag))
-    except (FileNotFoundError, ValueError, KeyError) as err:
-        raise CheckpointError(
-            f"{str(directory)!r} could not be consolidated (not a ZeRO checkpoint?): {err}"
-        ) from err
-    states = _load_model_states(directory, tag)
-    if _CLIENT_KEY not in states:
-        return state, {}
-    return _strip_step_prefix(state), dict(states[_CLIENT_KEY])
-
-
-def _materialize_zero3_parameters(module: nn.Module) -> None:
-    """Replace ZeRO-3's partitioned parameters with plain full ones (every rank at once).
-
-    Tied parameters stay tied: each partitioned parameter becomes one new parameter.
-    """
-    deepspeed = _import("deepspeed")
-    replaced: dict[int, nn.Parameter] = {}
-    for submodule in module.modules():
-        own = [(name, p) for name, p in submodule._parameters.items() if p is not None]
-        pending = list({id(p): p for _, p in own if id(p) not in replaced}.values())
-        if pending:
-            with deepspeed.zero.GatheredParameters(pending, modifier_rank=None):
-                for param in pending:
-                    replaced[id(param)] = nn.Parameter(
-                        param.data.detach().clone(), requires_grad=param.requires_grad
-                    )
-        for name, param in own:
-            setattr(submodule, name, replaced[id(param)])
