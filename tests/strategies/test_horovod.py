@@ -259,6 +259,49 @@ def test_uneven_batches_join_and_end_with_the_same_model(tmp_path: Path) -> None
         assert result["losses"][-1] < result["losses"][0]
 
 
+def test_a_collective_subclass_carries_horovods_own_operations(tmp_path: Path) -> None:
+    _run(2, [str(FIT), str(tmp_path), "custom"])
+    results = _ranks(tmp_path, 2)
+    for rank, result in enumerate(results):
+        uneven, debug = result["uneven"], result["debug"]
+        steps = 2 * (5 - 2 * rank)  # one optimizer step per batch, 2 epochs
+        assert uneven["global_step"] == steps
+        # One wrap and one broadcast each at setup; after each epoch's join the ranks
+        # stepped differently, so the rank that stepped most broadcasts again.
+        assert uneven["calls"] == {
+            "broadcast_module": 3,
+            "distributed_optimizer": 1,
+            "broadcast_optimizer_state": 3,
+            "synchronize": steps,
+            "join": 2,
+        }
+        torch.testing.assert_close(
+            uneven["weights"], results[0]["uneven"]["weights"], rtol=0, atol=0
+        )
+        # Through the debug wrapper the strategy still reaches the subclass's methods.
+        assert debug["outer"] == "DebugCollective"
+        assert debug["calls"] == {
+            "broadcast_module": 1,
+            "distributed_optimizer": 1,
+            "broadcast_optimizer_state": 1,
+            "synchronize": 8,
+            "join": 2,
+        }
+        torch.testing.assert_close(debug["weights"], results[0]["debug"]["weights"], rtol=0, atol=0)
+
+
+def test_a_collective_of_another_engine_is_refused_before_it_is_set_up() -> None:
+    from accord.collectives import TorchCollective
+
+    strategy = HorovodStrategy(collective=TorchCollective())
+    trainer = accord.Trainer(
+        strategy=strategy, accelerator="cpu", max_epochs=1, logger=False, enable_progress_bar=False
+    )
+    with pytest.raises(ConfigurationError, match="needs a HorovodCollective"):
+        trainer.fit(LinearModel(), loader(batch_size=16))
+    assert not strategy.collective.is_setup
+
+
 # ---------------------------------------------------------------- configuration
 def test_devices_above_one_from_a_plain_script_says_how_to_launch(
     monkeypatch: pytest.MonkeyPatch,

@@ -360,6 +360,58 @@ def test_a_float32_dataset_trains_on_one_xla_device(tmp_path: Path, precision: s
     _check_precision(result, precision, steps=24)
 
 
+class NativeCountingXLACollective(XLACollective):
+    """An XLACollective that counts the fused average-and-step calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.optimizer_steps = 0
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer_steps += 1
+        super().optimizer_step(optimizer)
+
+
+def _narrow_without_clipping(
+    rank: int, world_size: int, model: DtypeRecorder, precision: str
+) -> dict[str, Any]:
+    import copy
+
+    model = copy.deepcopy(model)
+    collective = NativeCountingXLACollective()
+    trainer = _trainer(
+        strategy=XLAStrategy(collective=collective, debug=True),
+        precision=precision,
+        accelerator="xla",
+        devices=world_size,
+        max_epochs=3,
+        accumulate_grad_batches=2,
+    )
+    trainer.fit(model, loader(batch_size=16))
+    return {
+        "weights": flat_weights(model).cpu(),
+        "param_dtypes": {p.dtype for p in model.parameters()},
+        "batch_dtypes": model.batch_dtypes,
+        "losses": model.losses,
+        "steps": trainer.global_step,
+        "collective_steps": collective.optimizer_steps,
+    }
+
+
+@pytest.mark.parametrize("precision", ["bf16-true", "16-true"])
+def test_narrow_gradients_are_averaged_natively_without_clipping(
+    tmp_path: Path, precision: str
+) -> None:
+    # Without clipping the step itself averages the gradients: the CPU runtime has no
+    # bfloat16/float16 all-reduce, so they travel as float32 there too. The strategy's
+    # collective (behind the debug wrapper) carries every step.
+    results = run_xla_ranks(_narrow_without_clipping, 2, tmp_path, DtypeRecorder(), precision)
+    for result in results:
+        _check_precision(result, precision, steps=12)
+        assert result["collective_steps"] == 12
+        torch.testing.assert_close(result["weights"], results[0]["weights"], rtol=0, atol=0)
+
+
 def _fit_in_16_mixed(rank: int, world_size: int) -> str:
     try:
         _trainer(strategy="single_xla", precision="16-mixed", max_epochs=1).fit(

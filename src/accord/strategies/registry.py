@@ -154,7 +154,7 @@ def _register_builtin() -> None:
     reg(
         "horovod",
         HorovodStrategy,
-        "Horovod: hvd.DistributedOptimizer averages gradients; start with horovodrun.",
+        "Horovod: its DistributedOptimizer averages gradients; start with horovodrun.",
     )
     # The XLA strategies import torch_xla only when a run starts; registering them is cheap.
     reg("xla", XLAStrategy, "XLA devices (TPU, XLA's CPU runtime); ranks from xmp.spawn.")

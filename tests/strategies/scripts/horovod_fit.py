@@ -6,10 +6,11 @@ Each rank writes ``OUT_DIR/rank<global rank>.pt`` with what the scenario measure
 
 Scenarios: ``fit`` (plain, accumulated and clipped fits), ``resume`` (a checkpoint written
 mid-fit and resumed), ``agree`` (EarlyStopping and the strategy's helpers across ranks),
-``uneven`` (ranks with different numbers of batches, which `hvd.join` absorbs),
+``uneven`` (ranks with different numbers of batches, which Horovod's join absorbs),
 ``dtypes`` (the collective on dtypes Horovod's own ops lack, beyond the conformance suite),
-and ``precision`` (a float32 dataset trained with ``"bf16-true"``, ``"16-true"`` and
-``"bf16-mixed"``).
+``precision`` (a float32 dataset trained with ``"bf16-true"``, ``"16-true"`` and
+``"bf16-mixed"``), and ``custom`` (a `HorovodCollective` subclass that counts the Horovod
+operations the strategy sends through it).
 """
 
 from __future__ import annotations
@@ -249,6 +250,70 @@ def scenario_precision(out: Path) -> dict[str, Any]:
     return results
 
 
+def _counting_collective() -> Any:
+    from accord.engines.horovod.collective import HorovodCollective
+
+    class CountingHorovodCollective(HorovodCollective):
+        """Counts the calls of Horovod's own operations."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: dict[str, int] = {}
+
+        def _count(self, name: str) -> None:
+            self.calls[name] = self.calls.get(name, 0) + 1
+
+        def broadcast_module(self, module: torch.nn.Module, src: int = 0) -> None:
+            self._count("broadcast_module")
+            super().broadcast_module(module, src)
+
+        def broadcast_optimizer_state(self, optimizer: torch.optim.Optimizer, src: int = 0) -> None:
+            self._count("broadcast_optimizer_state")
+            super().broadcast_optimizer_state(optimizer, src)
+
+        def distributed_optimizer(self, *args: Any, **options: Any) -> torch.optim.Optimizer:
+            self._count("distributed_optimizer")
+            return super().distributed_optimizer(*args, **options)
+
+        def synchronize(self, optimizer: torch.optim.Optimizer) -> None:
+            self._count("synchronize")
+            super().synchronize(optimizer)
+
+        def join(self, device: torch.device | None = None) -> int:
+            self._count("join")
+            return super().join(device)
+
+    return CountingHorovodCollective()
+
+
+def scenario_custom(out: Path) -> dict[str, Any]:
+    from accord.engines.horovod.strategy import HorovodStrategy
+
+    results: dict[str, Any] = {}
+    # Uneven data (rank r has 5 - 2r batches): joins, then the broadcasts from the rank
+    # that stepped most. Even data in debug mode: the calls pass the debug wrapper.
+    data = regression_data(samples=256)
+    batches = [
+        (data.tensors[0][i : i + 16], data.tensors[1][i : i + 16]) for i in range(0, 256, 16)
+    ]
+    for name, mine, debug in (
+        ("uneven", batches[RANK * 5 : RANK * 5 + 5 - 2 * RANK], False),
+        ("debug", batches[RANK * 4 : RANK * 4 + 4], True),
+    ):
+        collective, model = _counting_collective(), EpochLoss()
+        trainer = _trainer(
+            strategy=HorovodStrategy(collective=collective, debug=debug), max_epochs=2
+        )
+        trainer.fit(model, mine)
+        results[name] = {
+            "calls": dict(collective.calls),
+            "global_step": trainer.global_step,
+            "weights": flat_weights(model),
+            "outer": type(trainer.strategy.collective).__name__,
+        }
+    return results
+
+
 SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "fit": scenario_fit,
     "resume": scenario_resume,
@@ -256,6 +321,7 @@ SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "uneven": scenario_uneven,
     "dtypes": scenario_dtypes,
     "precision": scenario_precision,
+    "custom": scenario_custom,
 }
 
 

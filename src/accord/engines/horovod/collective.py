@@ -7,13 +7,14 @@ Horovod is imported only when the collective is set up or used, so ``import acco
 one. ``setup()`` calls ``hvd.init()`` unless Horovod is initialised already (by the user
 or another collective), and ``teardown()`` calls ``hvd.shutdown()`` only in the first case.
 
-Horovod reduces ``int32``, ``int64`` and the floating types ``float16``/``float32``/
-``float64``, and moves (broadcast, allgather, alltoall) those plus the 8- and 16-bit
-integers. Other dtypes are handled here: narrow integers and bools are reduced as
-``int64`` (and cast back, wrapping as the narrow type would), ``bfloat16`` as
-``float32``, complex tensors are summed as pairs of reals, and every dtype is moved as
-raw bytes. Horovod has no point-to-point, gather or scatter ops, so ``send``/``recv``,
-``gather`` and ``scatter`` raise `NotImplementedError` naming the backend.
+Dtypes Horovod's ops lack are converted (`accord.engines.horovod.dtypes`). Horovod has no
+point-to-point, gather or scatter ops, so ``send``/``recv``, ``gather`` and ``scatter``
+raise `NotImplementedError` naming the backend.
+
+Besides the contract's ops, the collective carries what `HorovodStrategy` sends: the
+broadcast of a module's weights and of an optimizer's state, the wrapping of an
+optimizer in ``hvd.DistributedOptimizer`` (whose backward hooks reduce the gradients),
+the wait for those reductions, and ``hvd.join()`` for uneven data.
 
 Horovod matches an op across ranks by its name, and names an unnamed op after a
 per-process handle counter that every Horovod op advances, gradient reductions included.
@@ -24,42 +25,46 @@ counter of its own calls, which every rank advances alike.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import itertools
-from collections.abc import Callable
-from types import ModuleType
+from collections.abc import Sequence
 from typing import Any
 
 import torch
+from lightning_utilities.core.imports import RequirementCache
+from torch import nn
 from typing_extensions import Self, override
 
 from accord.core.collective import Collective, ReduceOp
+from accord.engines.horovod.dtypes import (
+    MOVABLE_DTYPES,
+    REDUCIBLE_DTYPES,
+    BFloat16AsFloat32,
+    movable,
+    reducible,
+)
 from accord.errors import CollectiveError, MissingDependencyError
 
-__all__ = ["HorovodCollective", "horovod_available"]
+__all__ = ["HorovodCollective", "horovod_available", "require_horovod"]
 
-# The dtypes horovod.torch's C++ ops are registered for (CPU and CUDA alike).
-_REDUCIBLE = frozenset({torch.int32, torch.int64, torch.float16, torch.float32, torch.float64})
-_MOVABLE = _REDUCIBLE | {torch.uint8, torch.int8, torch.int16}
-_Restore = Callable[[torch.Tensor], None]
+# Reads the installed distributions once; horovod itself is not imported.
+_HOROVOD = RequirementCache("horovod")
 
 
 def horovod_available() -> bool:
     """Whether the ``horovod`` package is installed (it is not imported)."""
-    return importlib.util.find_spec("horovod") is not None
+    return bool(_HOROVOD)
 
 
-def _missing(feature: str = "HorovodCollective") -> MissingDependencyError:
-    return MissingDependencyError(feature, "horovod", "horovod")
+def require_horovod(feature: str) -> None:
+    """Raise `MissingDependencyError` for ``feature`` unless horovod is installed."""
+    if not _HOROVOD:
+        raise MissingDependencyError(feature, "horovod", "horovod")
 
 
-def _hvd() -> ModuleType:
-    """The ``horovod.torch`` module, or an error that says how to install it."""
-    try:
-        hvd = importlib.import_module("horovod.torch")
-    except ImportError as err:
-        raise _missing() from err
+def _hvd() -> Any:
+    """The ``horovod.torch`` module, or an error that says how to rebuild it."""
+    import horovod.torch as hvd
+
     if not hasattr(hvd, "init"):
         # horovod.torch imports without its compiled extension and only prints a warning.
         raise CollectiveError(
@@ -86,8 +91,7 @@ class HorovodCollective(Collective):
     backend_name = "horovod"
 
     def __init__(self) -> None:
-        if not horovod_available():
-            raise _missing()
+        require_horovod("HorovodCollective")
         self._ready = False
         self._created = False
         self._rank = -1
@@ -143,7 +147,7 @@ class HorovodCollective(Collective):
         pass. Calling it again is a no-op.
 
         Raises:
-            MissingDependencyError: horovod is not installed.
+            CollectiveError: horovod was built without its PyTorch extension.
             TypeError: arguments were passed.
         """
         if self._ready:
@@ -198,6 +202,89 @@ class HorovodCollective(Collective):
         self._calls = itertools.count(int(top.item()) + 1)
         return last
 
+    # ------------------------------------------------------ what a strategy sends
+    @property
+    def horovod_initialized(self) -> bool:
+        """Whether Horovod runs in this process (this collective's `setup` or the user's)."""
+        return bool(_hvd().is_initialized())
+
+    def broadcast_module(self, module: nn.Module, src: int = 0) -> None:
+        """Overwrite every parameter and buffer of ``module`` with rank ``src``'s, in place.
+
+        Tensors Horovod moves as they are go in one ``hvd.broadcast_parameters``; the
+        others (bool, bfloat16, non-contiguous) through `broadcast`.
+        """
+        self._require_setup("broadcast_module")
+        if self._world_size == 1:
+            return
+        native: dict[str, torch.Tensor] = {}
+        for name, tensor in module.state_dict(keep_vars=False).items():
+            if not tensor.numel():
+                continue
+            if tensor.dtype in MOVABLE_DTYPES and tensor.is_contiguous():
+                native[name] = tensor
+            else:
+                self.broadcast(tensor, src, out=tensor)
+        if native:
+            _hvd().broadcast_parameters(native, root_rank=src)
+
+    def broadcast_optimizer_state(self, optimizer: torch.optim.Optimizer, src: int = 0) -> None:
+        """Give ``optimizer`` on every rank rank ``src``'s state and hyper-parameters.
+
+        When ``src``'s optimizer has no state yet (a fresh one) only the hyper-parameters
+        travel: ``hvd.broadcast_optimizer_state`` would create the state with a
+        zero-gradient step, which counts a step (Adam) and moves the weights (weight
+        decay). A rank without state whose ``src`` has some still takes that step, so
+        broadcast the module after the optimizers.
+        """
+        self._require_setup("broadcast_optimizer_state")
+        if self._world_size == 1:
+            return
+        if self.broadcast_object(bool(optimizer.state), src):
+            _hvd().broadcast_optimizer_state(optimizer, root_rank=src)
+            return
+        settings = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+        settings = self.broadcast_object(settings, src)
+        for group, values in zip(optimizer.param_groups, settings, strict=True):
+            group.update(values)
+
+    def distributed_optimizer(
+        self,
+        optimizer: torch.optim.Optimizer,
+        named_parameters: Sequence[tuple[str, torch.Tensor]],
+        **options: Any,
+    ) -> torch.optim.Optimizer:
+        """``optimizer`` wrapped in ``hvd.DistributedOptimizer``.
+
+        Its backward hooks reduce the gradients of ``named_parameters`` while backward
+        runs, as Horovod's own allreduces, named after the parameters (the names must be
+        unique and the same on every rank). The wrapper is a new optimizer sharing
+        ``optimizer``'s parameter groups. ``options`` are ``DistributedOptimizer``'s own
+        (``backward_passes_per_step``, ``compression``, ``gradient_predivide_factor``,
+        ...); ``op`` defaults to an average, and with bfloat16 parameters and no
+        ``compression`` the gradients travel as float32 (`BFloat16AsFloat32`).
+        """
+        self._require_setup("distributed_optimizer")
+        hvd = _hvd()
+        options.setdefault("op", hvd.Average)
+        if options.get("compression") is None:
+            options.pop("compression", None)
+            if any(p.dtype == torch.bfloat16 for _, p in named_parameters):
+                options["compression"] = BFloat16AsFloat32
+        wrapped: torch.optim.Optimizer = hvd.DistributedOptimizer(
+            optimizer, named_parameters=list(named_parameters), **options
+        )
+        return wrapped
+
+    def synchronize(self, optimizer: torch.optim.Optimizer) -> None:
+        """Wait for the gradient reductions of a `distributed_optimizer`.
+
+        Gradients whose hooks did not fire (a short last accumulation window) are
+        reduced now; every rank must call it for the same optimizer.
+        """
+        self._require_setup("synchronize")
+        optimizer.synchronize()  # type: ignore[attr-defined]
+
     # ---------------------------------------------------------------- primitives
     def _name(self, op: str) -> str:
         """A name for the next op, the same on every rank (see the module docstring)."""
@@ -208,32 +295,36 @@ class HorovodCollective(Collective):
         hvd = _hvd()
         flat = buffer.view(-1)
         name = self._name("allreduce")
-        if buffer.dtype in _REDUCIBLE:
+        if buffer.dtype in REDUCIBLE_DTYPES:
             hvd.allreduce_(flat, op=_hvd_op(op), name=name)
             return
-        work, restore = _reducible(flat, op)
+        work, restore = reducible(flat, op)
         hvd.allreduce_(work, op=_hvd_op(op), name=name)
         restore(work)
 
     @override
     def _broadcast_(self, buffer: torch.Tensor, src: int) -> None:
-        _hvd().broadcast_(_movable(buffer), root_rank=src, name=self._name("broadcast"))
+        _hvd().broadcast_(movable(buffer), root_rank=src, name=self._name("broadcast"))
 
     @override
     def _all_gather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
         # hvd.allgather concatenates along dim 0: gather one flat row per rank, giving
         # [world_size, numel] in rank order, which is the [world_size, *shape] contract.
         rows = _hvd().allgather(
-            _movable(tensor.detach()).reshape(1, -1), name=self._name("allgather")
+            movable(tensor.detach()).reshape(1, -1), name=self._name("allgather")
         )
-        _movable(output).view(self._world_size, -1).copy_(rows)
+        movable(output).view(self._world_size, -1).copy_(rows)
 
     @override
     def _reduce_scatter_into(
         self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp
     ) -> None:
         hvd = _hvd()
-        if op is ReduceOp.SUM and tensor.dtype in _REDUCIBLE and hasattr(hvd, "reducescatter"):
+        if (
+            op is ReduceOp.SUM
+            and tensor.dtype in REDUCIBLE_DTYPES
+            and hasattr(hvd, "reducescatter")
+        ):
             # Horovod splits dim 0 evenly in rank order; it is divisible by world_size here.
             name = self._name("reducescatter")
             output.copy_(hvd.reducescatter(tensor.detach(), name=name, op=hvd.Sum).view_as(output))
@@ -256,11 +347,11 @@ class HorovodCollective(Collective):
         if not hasattr(hvd, "alltoall"):
             raise self._unsupported("all_to_all")
         # Without splits Horovod sends equal chunks of dim 0: one row per rank here.
-        rows = _movable(tensor.detach()).view(self._world_size, -1)
+        rows = movable(tensor.detach()).view(self._world_size, -1)
         received = hvd.alltoall(rows, name=self._name("alltoall"))
         if isinstance(received, tuple):  # (output, received_splits) in some releases
             received = received[0]
-        _movable(output).view(self._world_size, -1).copy_(received)
+        movable(output).view(self._world_size, -1).copy_(received)
 
 
 def _hvd_op(op: ReduceOp) -> Any:
@@ -272,36 +363,3 @@ def _hvd_op(op: ReduceOp) -> Any:
         ReduceOp.MIN: hvd.Min,
         ReduceOp.PRODUCT: hvd.Product,
     }[op]
-
-
-def _movable(tensor: torch.Tensor) -> torch.Tensor:
-    """A flat view of contiguous ``tensor`` in a dtype Horovod can move (its bytes if need be)."""
-    flat = tensor.view(-1)
-    return flat if flat.dtype in _MOVABLE else flat.view(torch.uint8)
-
-
-def _reducible(flat: torch.Tensor, op: ReduceOp) -> tuple[torch.Tensor, _Restore]:
-    """A copy of ``flat`` in a dtype Horovod reduces, and a function writing a result back."""
-    dtype = flat.dtype
-    if dtype.is_complex and op is ReduceOp.SUM:
-        # A complex sum is the sum of the real and imaginary parts.
-        def restore_complex(result: torch.Tensor) -> None:
-            flat.copy_(torch.view_as_complex(result))
-
-        return torch.view_as_real(flat).clone(), restore_complex
-    if dtype.is_floating_point:
-        work = flat.to(torch.float32)  # bfloat16 (and float8 kinds) reduce in float32
-    elif not dtype.is_complex and dtype.itemsize <= 4:
-        # bool and narrow integers: reduce in int64 and cast back; the truncation wraps
-        # around exactly as a reduction in the narrow type would.
-        work = flat.to(torch.int64)
-    else:
-        raise TypeError(
-            f"The horovod backend cannot reduce {dtype} tensors with {op.value!r}. Use "
-            "int32, int64 or a floating dtype."
-        )
-
-    def restore(result: torch.Tensor) -> None:
-        flat.copy_(result.to(dtype))
-
-    return work, restore

@@ -7,42 +7,38 @@ registry never import it; building the strategy without Horovod installed raises
 How a run maps onto Horovod:
 
 - processes: ``horovodrun -np N python script.py`` starts them (on several machines with
-  ``-H host1:4,host2:4``); accord starts none. Ranks, the world size and the node come
-  from Horovod (``hvd.rank()``, ``hvd.size()``, ``hvd.local_rank()``,
-  ``hvd.cross_rank()``), and so do the `DistributedSampler` arguments. A plain
+  ``-H host1:4,host2:4``); accord starts none. Before the run the ranks come from what
+  the launcher set (`HorovodEnvironment`), during it from Horovod itself through the
+  `HorovodCollective`, and so do the `DistributedSampler` arguments. A plain
   ``python script.py`` asking for more than one device is a `ConfigurationError` that
   shows the horovodrun command; with one device it is a Horovod group of one.
-- communication: the strategy's collective is a `HorovodCollective` (``setup`` calls
-  ``hvd.init()``), so ``reduce``, ``broadcast``, ``all_gather``, ``barrier`` and
-  ``reduce_boolean_decision`` run on Horovod.
+- communication: all of it goes through the strategy's `HorovodCollective` (its
+  ``setup`` initialises Horovod): ``reduce``, ``broadcast``, ``all_gather``, ``barrier``
+  and ``reduce_boolean_decision``, and Horovod's own operations below.
 - model and optimizers: rank 0's parameters and buffers are broadcast to every rank
-  (``hvd.broadcast_parameters``), each optimizer becomes an ``hvd.DistributedOptimizer``
-  over the module's named parameters, whose backward hooks average the gradients while
-  backward runs, and rank 0's optimizer state is broadcast
-  (``hvd.broadcast_optimizer_state``). A fresh optimizer has no state yet: then only its
-  hyper-parameters are broadcast, because Horovod would create the state with a
-  zero-gradient step, which counts a step (Adam) and moves the weights (weight decay).
+  (`HorovodCollective.broadcast_module`), each optimizer is wrapped in Horovod's
+  ``DistributedOptimizer`` over the module's named parameters
+  (`HorovodCollective.distributed_optimizer`), whose backward hooks average the
+  gradients while backward runs, and rank 0's optimizer state is broadcast
+  (`HorovodCollective.broadcast_optimizer_state`; a fresh optimizer sends only its
+  hyper-parameters).
 - gradient accumulation: ``backward_passes_per_step`` is the Trainer's
   ``accumulate_grad_batches`` unless given, so the hooks reduce once per window. At the
   end of every window (and before any clipping or loss-scale unscaling) the strategy
-  waits for the reductions (``optimizer.synchronize()``) and steps with
+  waits for the reductions (`HorovodCollective.synchronize`) and steps with
   ``skip_synchronize()``; a short last window of an epoch is reduced when it steps.
 - uneven data: after a rank's last training batch of an epoch it calls `join`
-  (``hvd.join()``): until every rank has joined it takes part in the others' gradient
-  reductions with zeros. If the ranks took different numbers of optimizer steps, the
-  rank that took the most then broadcasts its weights and optimizer state, so all ranks
-  continue from the same model. While a rank is joined the others may only reduce
-  gradients: metrics logged with ``sync_dist=True`` on step, or other collectives, in
-  their extra batches are not supported by Horovod's join.
+  (`HorovodCollective.join`): until every rank has joined it takes part in the others'
+  gradient reductions with zeros. If the ranks took different numbers of optimizer
+  steps, the rank that took the most then broadcasts its optimizer state and weights,
+  so all ranks continue from the same model. While a rank is joined the others may only
+  reduce gradients: metrics logged with ``sync_dist=True`` on step, or other
+  collectives, in their extra batches are not supported by Horovod's join.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
-from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -52,40 +48,19 @@ from typing_extensions import override
 from accord.accelerators.accelerator import Accelerator
 from accord.core.collective import Collective
 from accord.core.parallel import ParallelStrategy
-from accord.engines.horovod.collective import _MOVABLE, HorovodCollective, _hvd, horovod_available
+from accord.engines.horovod.collective import HorovodCollective, require_horovod
+from accord.engines.horovod.dtypes import BFloat16AsFloat32
+from accord.engines.horovod.environment import HorovodEnvironment, launched_by_horovod
+from accord.engines.horovod.optimizer import (
+    is_distributed_optimizer,
+    parameter_names,
+    skip_synchronize,
+)
 from accord.environments.cluster_environment import ClusterEnvironment
-from accord.errors import ConfigurationError, MissingDependencyError
+from accord.errors import ConfigurationError
 from accord.precision import Precision
 
 __all__ = ["BFloat16AsFloat32", "HorovodStrategy", "launched_by_horovod"]
-
-# What horovodrun (gloo) or mpirun (Open MPI, MPICH/PMI) set in each process it starts.
-_RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-_SIZE_VARS = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
-_LOCAL_RANK_VARS = ("HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
-_NODE_RANK_VARS = ("HOROVOD_CROSS_RANK",)
-
-
-def launched_by_horovod() -> bool:
-    """Whether this process was started by ``horovodrun`` (or ``mpirun``)."""
-    return any(name in os.environ for name in _RANK_VARS)
-
-
-def _env_int(names: Iterable[str], default: int) -> int:
-    for name in names:
-        raw = os.environ.get(name)
-        if raw is not None:
-            try:
-                return int(raw)
-            except ValueError:
-                raise ConfigurationError(
-                    f"Environment variable {name}={raw!r} is not an integer."
-                ) from None
-    return default
-
-
-def _is_distributed_optimizer(optimizer: torch.optim.Optimizer) -> bool:
-    return hasattr(optimizer, "synchronize") and hasattr(optimizer, "skip_synchronize")
 
 
 class HorovodStrategy(ParallelStrategy):
@@ -97,13 +72,17 @@ class HorovodStrategy(ParallelStrategy):
     Args:
         backward_passes_per_step: backward passes whose gradients add up before one
             reduction; default: the Trainer's ``accumulate_grad_batches``.
-        compression: an ``hvd.Compression`` for the gradient reductions (default none).
+        compression: a Horovod compression (``horovod.torch.Compression``) for the
+            gradient reductions (default none).
         gradient_predivide_factor: split the gradient average into a division by this
             factor before the sum and by ``world_size / factor`` after it.
-        **optimizer_kwargs: more arguments for ``hvd.DistributedOptimizer``.
-        accelerator, parallel_devices, cluster_environment, collective, precision, num_nodes, debug:
-            as `ParallelStrategy`. Horovod assigns ranks, so ``num_nodes`` only sizes the
-            horovodrun command suggested when processes are missing.
+        **optimizer_kwargs: more arguments for Horovod's ``DistributedOptimizer``.
+        collective: a `HorovodCollective` or a subclass of it (the default); its methods
+            carry Horovod's own operations.
+        accelerator, parallel_devices, cluster_environment, precision, num_nodes, debug:
+            as `ParallelStrategy`; the environment defaults to `HorovodEnvironment`.
+            Horovod assigns ranks, so ``num_nodes`` only sizes the horovodrun command
+            suggested when processes are missing.
 
     Raises:
         MissingDependencyError: horovod is not installed.
@@ -125,12 +104,11 @@ class HorovodStrategy(ParallelStrategy):
         debug: bool = False,
         **optimizer_kwargs: Any,
     ) -> None:
-        if not horovod_available():
-            raise MissingDependencyError("HorovodStrategy", "horovod", "horovod")
+        require_horovod("HorovodStrategy")
         super().__init__(
             accelerator,
             parallel_devices,
-            cluster_environment,
+            cluster_environment if cluster_environment is not None else HorovodEnvironment(),
             collective,
             precision,
             num_nodes,
@@ -149,7 +127,6 @@ class HorovodStrategy(ParallelStrategy):
         self.compression = compression
         self.gradient_predivide_factor = gradient_predivide_factor
         self.optimizer_kwargs = optimizer_kwargs
-        self._module: nn.Module | None = None
         self._optimizers: list[torch.optim.Optimizer] = []
         self._synchronized: set[int] = set()
         self._window_ends = True
@@ -160,79 +137,26 @@ class HorovodStrategy(ParallelStrategy):
     def default_collective(self) -> Collective:
         return HorovodCollective()
 
-    # ------------------------------------------------------------------ identity
-    def _horovod_collective(self) -> HorovodCollective | None:
-        """The set-up `HorovodCollective` under any wrappers, or None."""
-        if self._collective is None or not self._collective.is_setup:
-            return None
-        base = self.base_collective
-        return base if isinstance(base, HorovodCollective) else None
+    def _horovod(self) -> HorovodCollective:
+        return self.engine_collective(HorovodCollective)
 
-    @property
-    @override
-    def global_rank(self) -> int:
-        """``hvd.rank()``; before setup, the rank horovodrun gave this process (else 0)."""
-        if self._collective is not None and self._collective.is_setup:
-            return self._collective.rank
-        return _env_int(_RANK_VARS, 0)
+    # ------------------------------------------------------------------ identity
+    def _running(self) -> bool:
+        return self._collective is not None and self._collective.is_setup
 
     @property
     @override
     def local_rank(self) -> int:
-        """``hvd.local_rank()``; before setup, horovodrun's ``HOROVOD_LOCAL_RANK`` (else 0)."""
-        collective = self._horovod_collective()
-        if collective is not None:
-            return collective.local_rank
-        return _env_int(_LOCAL_RANK_VARS, 0)
+        """Horovod's local rank; before setup, the one the launcher set (else 0)."""
+        return self._horovod().local_rank if self._running() else super().local_rank
 
     @property
     @override
     def node_rank(self) -> int:
-        """``hvd.cross_rank()``: the rank of this machine; before setup, from horovodrun."""
-        collective = self._horovod_collective()
-        if collective is not None:
-            return collective.cross_rank
-        return _env_int(_NODE_RANK_VARS, 0)
-
-    @property
-    @override
-    def world_size(self) -> int:
-        """``hvd.size()``; before setup, the process count horovodrun started (else 1)."""
-        if self._collective is not None and self._collective.is_setup:
-            return self._collective.world_size
-        return _env_int(_SIZE_VARS, 1)
-
-    @property
-    @override
-    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
-        """``num_replicas=hvd.size()``, ``rank=hvd.rank()``."""
-        return {"num_replicas": self.world_size, "rank": self.global_rank}
+        """Horovod's cross rank (this machine's); before setup, the launcher's (else 0)."""
+        return self._horovod().cross_rank if self._running() else super().node_rank
 
     # ----------------------------------------------------------------- lifecycle
-    @override
-    def _configure_launcher(self) -> None:
-        """Horovod's launcher starts the processes; a plain script gets one, or an error."""
-        self._launcher = None
-        requested = self.num_processes * self.num_nodes
-        if requested > 1 and not launched_by_horovod():
-            script = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "script.py"
-            hosts = (
-                f" -H host1:{self.num_processes},host2:{self.num_processes},..."
-                if self.num_nodes > 1
-                else ""
-            )
-            raise ConfigurationError(
-                f"HorovodStrategy does not start processes: horovodrun does. This run asks "
-                f"for {requested} processes (devices={self.num_processes}, "
-                f"num_nodes={self.num_nodes}) but was started as a single process. Run "
-                f"`horovodrun -np {requested}{hosts} python {script}` instead; each "
-                "process it starts trains on one device."
-            )
-
-    @override
-    def validate_cluster(self, num_devices: int, num_nodes: int) -> None:
-        """Nothing to check here: horovodrun forms the group (see `_configure_launcher`)."""
-
     @override
     def configure_ranks(self) -> None:
         """Nothing to do: Horovod assigns ranks and the world size."""
@@ -243,51 +167,49 @@ class HorovodStrategy(ParallelStrategy):
 
     @override
     def setup_environment(self) -> None:
-        """Set up the device and the collective; Horovod must be initialised after it."""
+        """Set up the device and the collective; Horovod must be initialised after it.
+
+        Raises:
+            ConfigurationError: the collective is not a `HorovodCollective`, or its
+                ``setup()`` did not initialise Horovod.
+        """
+        horovod = self._horovod()
         super().setup_environment()
-        if not _hvd().is_initialized():
+        if not horovod.horovod_initialized:
             raise ConfigurationError(
-                f"HorovodStrategy trains through hvd.DistributedOptimizer, but "
-                f"{type(self.base_collective).__name__}.setup() did not initialise Horovod. "
-                "Use a HorovodCollective (or a subclass of it), or call hvd.init() first."
+                "HorovodStrategy trains through Horovod's DistributedOptimizer, but "
+                f"{type(horovod).__name__}.setup() did not initialise Horovod. Call "
+                "HorovodCollective.setup() from the subclass's setup()."
             )
 
     @override
     def setup_module(self, module: nn.Module) -> nn.Module:
         """Move ``module`` to the device and give every rank rank 0's weights and buffers."""
         module = super().setup_module(module)
-        self._module = module
-        if self.world_size > 1:
-            self._broadcast_module(module, src=0)
+        self._horovod().broadcast_module(self.unwrap(module), src=0)
         return module
 
     @override
     def setup_optimizers(
         self, module: nn.Module, optimizers: list[torch.optim.Optimizer]
     ) -> list[torch.optim.Optimizer]:
-        """Wrap each optimizer in ``hvd.DistributedOptimizer`` and broadcast rank 0's state.
+        """Wrap each optimizer in Horovod's ``DistributedOptimizer``; broadcast rank 0's state.
 
         The wrapper is a new optimizer object sharing the original's parameter groups, so
         learning-rate schedulers built on the original still change its learning rates.
         """
-        hvd = _hvd()
-        passes = self._backward_passes()
-        named = list(self.unwrap(module).named_parameters())
-        kwargs: dict[str, Any] = {
-            "backward_passes_per_step": passes,
-            "op": hvd.Average,
+        options: dict[str, Any] = {
+            "backward_passes_per_step": self._backward_passes(),
             "gradient_predivide_factor": self.gradient_predivide_factor,
+            "compression": self.compression,
             **self.optimizer_kwargs,
         }
-        if self.compression is not None:
-            kwargs["compression"] = self.compression
-        elif any(p.dtype == torch.bfloat16 for _, p in named):
-            kwargs["compression"] = BFloat16AsFloat32
+        named = list(self.unwrap(module).named_parameters())
         wrapped: list[torch.optim.Optimizer] = []
         for index, optimizer in enumerate(optimizers):
-            names = _parameter_names(optimizer, named, index)
-            distributed = hvd.DistributedOptimizer(optimizer, named_parameters=names, **kwargs)
-            self._broadcast_optimizer(distributed, src=0)
+            names = parameter_names(optimizer, named, index)
+            distributed = self._horovod().distributed_optimizer(optimizer, names, **options)
+            self._horovod().broadcast_optimizer_state(distributed, src=0)
             wrapped.append(distributed)
         self._optimizers = wrapped
         self._synchronized.clear()
@@ -310,8 +232,7 @@ class HorovodStrategy(ParallelStrategy):
 
     @override
     def teardown(self) -> None:
-        """Forget the wrapped optimizers, then release the collective (``hvd.shutdown()``)."""
-        self._module = None
+        """Forget the wrapped optimizers, then release the collective (and Horovod)."""
         self._optimizers = []
         self._synchronized.clear()
         super().teardown()
@@ -339,8 +260,8 @@ class HorovodStrategy(ParallelStrategy):
                 self._synchronize(optimizer)
 
     def _synchronize(self, optimizer: torch.optim.Optimizer) -> None:
-        if _is_distributed_optimizer(optimizer) and id(optimizer) not in self._synchronized:
-            optimizer.synchronize()  # type: ignore[attr-defined]
+        if is_distributed_optimizer(optimizer) and id(optimizer) not in self._synchronized:
+            self._horovod().synchronize(optimizer)
             self._synchronized.add(id(optimizer))
 
     @override
@@ -356,7 +277,7 @@ class HorovodStrategy(ParallelStrategy):
         """Step on averaged gradients; after a rank's last batch of an epoch, `join`."""
         self._synchronize(optimizer)
         self._synchronized.discard(id(optimizer))
-        with _skip_synchronize(optimizer):
+        with skip_synchronize(optimizer):
             super().optimizer_step(optimizer, module)
         if not self._optimizers or optimizer is self._optimizers[-1]:
             self._steps_this_epoch += 1
@@ -370,17 +291,13 @@ class HorovodStrategy(ParallelStrategy):
 
     # ------------------------------------------------------------------ uneven data
     def join(self) -> int:
-        """Say this rank is out of data and wait for every rank (``hvd.join()``).
+        """Say this rank is out of data and wait for every rank (`HorovodCollective.join`).
 
         Until all ranks have joined, this rank takes part in the others' gradient
         reductions with zeros. Returns the rank that joined last. The strategy calls it
         after each rank's last training batch of an epoch.
         """
-        collective = self._horovod_collective()
-        if collective is not None:
-            return collective.join(self.root_device)
-        device = self.root_device
-        return int(_hvd().join(device.index if device.type == "cuda" else -1))
+        return self._horovod().join(self.root_device)
 
     def _join_after_last_batch(self, module: nn.Module) -> None:
         steps, self._steps_this_epoch = self._steps_this_epoch, 0
@@ -392,79 +309,8 @@ class HorovodStrategy(ParallelStrategy):
         if len(set(per_rank)) > 1:
             # The ranks that ran out of data first skipped steps: continue from the rank
             # that took the most (the lowest such rank, so every rank picks the same).
+            # Optimizers first: a rank without optimizer state creates it with a step.
             src = per_rank.index(max(per_rank))
-            self._broadcast_module(module, src=src)
             for optimizer in self._optimizers:
-                _hvd().broadcast_optimizer_state(optimizer, root_rank=src)
-
-    # -------------------------------------------------------------- broadcasting
-    def _broadcast_module(self, module: nn.Module, src: int) -> None:
-        """Overwrite every parameter and buffer with rank ``src``'s, in place."""
-        native: dict[str, torch.Tensor] = {}
-        for name, tensor in self.unwrap(module).state_dict(keep_vars=False).items():
-            if not tensor.numel():
-                continue
-            if tensor.dtype in _MOVABLE and tensor.is_contiguous():
-                native[name] = tensor
-            else:  # dtypes Horovod cannot move (bool, bfloat16, ...) go through the collective
-                self.collective.broadcast(tensor, src, out=tensor)
-        if native:
-            _hvd().broadcast_parameters(native, root_rank=src)
-
-    def _broadcast_optimizer(self, optimizer: torch.optim.Optimizer, src: int) -> None:
-        if self.world_size == 1:
-            return
-        has_state = bool(self.collective.broadcast_object(bool(optimizer.state), src))
-        if has_state:
-            _hvd().broadcast_optimizer_state(optimizer, root_rank=src)
-            return
-        settings = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-        settings = self.collective.broadcast_object(settings, src)
-        for group, values in zip(optimizer.param_groups, settings, strict=True):
-            group.update(values)
-
-
-class BFloat16AsFloat32:
-    """A Horovod gradient compression that sends bfloat16 gradients as float32.
-
-    Horovod's reductions have no bfloat16 kernel, so ``bf16-true`` gradients travel as
-    float32 and come back as bfloat16; other dtypes pass unchanged. `HorovodStrategy`
-    uses it when the module has bfloat16 parameters and no ``compression`` was given.
-    """
-
-    @staticmethod
-    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.dtype | None]:
-        """The tensor to reduce, and the dtype to give the result back in (or None)."""
-        if tensor.dtype == torch.bfloat16:
-            return tensor.to(torch.float32), torch.bfloat16
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: torch.Tensor, ctx: torch.dtype | None) -> torch.Tensor:
-        """Undo `compress`."""
-        return tensor if ctx is None else tensor.to(ctx)
-
-
-@contextlib.contextmanager
-def _skip_synchronize(optimizer: torch.optim.Optimizer) -> Iterator[None]:
-    if _is_distributed_optimizer(optimizer):
-        with optimizer.skip_synchronize():  # type: ignore[attr-defined]
-            yield
-    else:
-        yield
-
-
-def _parameter_names(
-    optimizer: torch.optim.Optimizer, named: list[tuple[str, nn.Parameter]], index: int
-) -> list[tuple[str, torch.Tensor]]:
-    """(name, parameter) for every parameter of ``optimizer``: the module's names, else made up.
-
-    Horovod names each gradient reduction after its parameter; the names must be unique
-    and the same on every rank.
-    """
-    names = {id(p): n for n, p in named}
-    result: list[tuple[str, torch.Tensor]] = []
-    for g, group in enumerate(optimizer.param_groups):
-        for j, param in enumerate(group["params"]):
-            result.append((names.get(id(param), f"optimizer{index}.group{g}.param{j}"), param))
-    return result
+                self._horovod().broadcast_optimizer_state(optimizer, src=src)
+            self._horovod().broadcast_module(self.unwrap(module), src=src)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.util
 import os
 
 import torch
 from typing_extensions import override
 
 from accord.accelerators.accelerator import Accelerator
+from accord.engines.xla.collective import TORCH_XLA_AVAILABLE
 from accord.errors import ConfigurationError, MissingDependencyError
 
 __all__ = ["XLAAccelerator"]
@@ -19,7 +19,7 @@ __all__ = ["XLAAccelerator"]
 @functools.cache
 def _import_error() -> str | None:
     """Why torch_xla cannot be used here ("" when it is not installed), or None when it can."""
-    if importlib.util.find_spec("torch_xla") is None:
+    if not TORCH_XLA_AVAILABLE:
         return ""
     try:
         importlib.import_module("torch_xla")

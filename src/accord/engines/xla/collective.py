@@ -26,24 +26,36 @@ Two facts about XLA shape every primitive here:
   ``xm.collective_broadcast`` (which multiplies, so NaN or -0.0 would not survive), and
   why ``xm.rendezvous`` (built on the pinned all_gather) is the barrier only where each
   process holds one rank.
+
+Besides the contract's ops, the collective carries what the XLA strategies send of their
+own: the averaging of an optimizer's gradients with XLA's bucketed all-reduce
+(`XLACollective.reduce_gradients`) and the fused average-and-step
+(`XLACollective.optimizer_step`).
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import threading
 from collections.abc import Callable, Sequence
-from types import ModuleType
 from typing import Any
 
 import torch
+from lightning_utilities.core.imports import RequirementCache
 from typing_extensions import Self, override
 
 from accord.core.collective import Collective, ReduceOp
 from accord.errors import MissingDependencyError
 
-__all__ = ["XLACollective", "launch", "require_torch_xla"]
+__all__ = [
+    "TORCH_XLA_AVAILABLE",
+    "XLACollective",
+    "launch",
+    "parameters_with_gradients",
+    "require_torch_xla",
+]
+
+TORCH_XLA_AVAILABLE = RequirementCache("torch_xla")
+"""Whether torch_xla is installed: truthy or not, read once and without importing it."""
 
 _REDUCE_TYPES = {
     ReduceOp.SUM: "sum",
@@ -52,6 +64,9 @@ _REDUCE_TYPES = {
     ReduceOp.MIN: "min",
 }
 """accord's reductions as torch_xla names them (``xm.REDUCE_SUM``, ...)."""
+
+_NARROW = frozenset({torch.bfloat16, torch.float16})
+"""Floating dtypes XLA's CPU runtime cannot all-reduce: gradients in them travel as float32."""
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 """An integer dtype of each element size: data movement adds zeros to these, bit-exactly."""
@@ -67,15 +82,8 @@ _MEMBERS: dict[int, int] = {}
 
 def require_torch_xla(feature: str) -> None:
     """Raise `MissingDependencyError` for ``feature`` unless torch_xla is installed."""
-    if importlib.util.find_spec("torch_xla") is None:
+    if not TORCH_XLA_AVAILABLE:
         raise MissingDependencyError(feature, "torch_xla", "xla")
-
-
-def _import(name: str) -> ModuleType:
-    try:
-        return importlib.import_module(name)
-    except ImportError as err:
-        raise MissingDependencyError("XLACollective", "torch_xla", "xla") from err
 
 
 def launch(tensors: Sequence[torch.Tensor] | None = None) -> None:
@@ -86,8 +94,9 @@ def launch(tensors: Sequence[torch.Tensor] | None = None) -> None:
     and no rank holds the lock while its device waits for the others. Use it instead of
     ``torch_xla.sync()`` wherever the pending work may hold a collective.
     """
-    torch_xla = _import("torch_xla")
-    xm = _import("torch_xla.core.xla_model")
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+
     device = torch_xla.device()
     # A sync that finds nothing to run still takes a device lock, and not this rank's
     # (torch_xla 2.9 was seen blocking on the device of a rank that waited in a collective
@@ -178,8 +187,9 @@ class XLACollective(Collective):
                 f"XLACollective.setup() takes no arguments (ranks come from the XLA runtime), "
                 f"got {sorted(kwargs)}."
             )
-        torch_xla = _import("torch_xla")
-        xr = _import("torch_xla.runtime")
+        import torch_xla
+        import torch_xla.runtime as xr
+
         self._device = torch.device(torch_xla.device())
         self._rank = int(xr.global_ordinal())
         self._world_size = int(xr.world_size())
@@ -211,14 +221,16 @@ class XLACollective(Collective):
     def _all_reduce_(self, buffer: torch.Tensor, op: ReduceOp) -> None:
         if self._world_size == 1:
             return
-        xm = _import("torch_xla.core.xla_model")
+        import torch_xla.core.xla_model as xm
+
         self._run(buffer, lambda x: xm.all_reduce(_REDUCE_TYPES[op], x))
 
     @override
     def _broadcast_(self, buffer: torch.Tensor, src: int) -> None:
         if self._world_size == 1:
             return
-        xm = _import("torch_xla.core.xla_model")
+        import torch_xla.core.xla_model as xm
+
         # Every rank runs one program: keep the bits where the (device-data) mask says this
         # is src, zeros elsewhere, and sum. Integers add zeros exactly, NaN and -0.0 too.
         keep = torch.tensor([self._rank == src]).to(self.device)
@@ -234,7 +246,8 @@ class XLACollective(Collective):
         if self._world_size == 1:
             output[0].copy_(tensor)
             return
-        xm = _import("torch_xla.core.xla_model")
+        import torch_xla.core.xla_model as xm
+
         self._run(
             _bits(tensor),
             lambda x: xm.all_gather(x.unsqueeze(0), dim=0, pin_layout=False),
@@ -248,7 +261,8 @@ class XLACollective(Collective):
         if self._world_size == 1:
             output.copy_(tensor)
             return
-        xm = _import("torch_xla.core.xla_model")
+        import torch_xla.core.xla_model as xm
+
         ws = self._world_size
         self._run(
             tensor,
@@ -261,7 +275,8 @@ class XLACollective(Collective):
         if self._world_size == 1:
             output.copy_(tensor)
             return
-        xm = _import("torch_xla.core.xla_model")
+        import torch_xla.core.xla_model as xm
+
         ws = self._world_size
         self._run(_bits(tensor), lambda x: xm.all_to_all(x, 0, 0, ws), into=_bits(output))
 
@@ -281,7 +296,54 @@ class XLACollective(Collective):
             token = torch.ones(1, dtype=torch.int32)
             self._all_reduce_(token, ReduceOp.SUM)
             return
-        _import("torch_xla.core.xla_model").rendezvous(tag)
+        import torch_xla.core.xla_model as xm
+
+        xm.rendezvous(tag)
+
+    # ------------------------------------------------------------------ gradients
+    def reduce_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """Average ``optimizer``'s gradients across the ranks with XLA's bucketed all-reduce.
+
+        The pending backward pass is launched first, on its own, and the reduction after
+        it, so the averaged gradients are ready when this returns. bfloat16 and float16
+        gradients are averaged as float32 (XLA's CPU runtime has no all-reduce for them)
+        and given back in their own dtype.
+        """
+        self._require_setup("reduce_gradients")
+        pairs = parameters_with_gradients(optimizer)
+        if pairs:
+            launch([grad for _, grad in pairs])  # the backward pass, on its own
+        if self._world_size == 1 or not pairs:
+            return
+        import torch_xla.core.xla_model as xm
+
+        if any(grad.dtype in _NARROW for _, grad in pairs):
+            wide = [grad.to(torch.float32) for _, grad in pairs]
+            xm.all_reduce(xm.REDUCE_SUM, wide, scale=1.0 / self._world_size)
+            for (param, grad), averaged in zip(pairs, wide, strict=True):
+                param.grad = averaged.to(grad.dtype)
+        else:
+            xm.reduce_gradients(optimizer)
+        launch([grad for _, grad in parameters_with_gradients(optimizer)])
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Average ``optimizer``'s gradients across the ranks, then step it.
+
+        The backward pass is launched first; then ``xm.optimizer_step`` builds the
+        reduction and the step into one program, which the caller launches. With
+        bfloat16 or float16 gradients it is `reduce_gradients`, then ``optimizer.step()``.
+        """
+        self._require_setup("optimizer_step")
+        pairs = parameters_with_gradients(optimizer)
+        if any(grad.dtype in _NARROW for _, grad in pairs) and self._world_size > 1:
+            self.reduce_gradients(optimizer)
+            optimizer.step()
+            return
+        import torch_xla.core.xla_model as xm
+
+        if pairs:
+            launch([grad for _, grad in pairs])  # the backward pass, on its own
+        xm.optimizer_step(optimizer)
 
     # ------------------------------------------------------------------ helpers
     def _run(
@@ -315,3 +377,15 @@ def _bits(tensor: torch.Tensor) -> torch.Tensor:
     if dtype is not None:
         return tensor if tensor.dtype == dtype else tensor.view(dtype)
     return tensor.reshape(-1).view(torch.uint8)
+
+
+def parameters_with_gradients(
+    optimizer: torch.optim.Optimizer,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(parameter, gradient) for each of ``optimizer``'s parameters that has a gradient."""
+    return [
+        (param, param.grad)
+        for group in optimizer.param_groups
+        for param in group["params"]
+        if param.grad is not None
+    ]

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 from typing_extensions import override
 
+from accord.engines.xla.collective import TORCH_XLA_AVAILABLE, require_torch_xla
 from accord.environments.cluster_environment import ClusterEnvironment
-from accord.errors import MissingDependencyError
 
 __all__ = ["XLAEnvironment"]
 
@@ -32,8 +31,7 @@ class XLAEnvironment(ClusterEnvironment):
     """
 
     def __init__(self) -> None:
-        if importlib.util.find_spec("torch_xla") is None:
-            raise MissingDependencyError("XLAEnvironment", "torch_xla", "xla")
+        require_torch_xla("XLAEnvironment")
         self._world_size = 1
         self._global_rank = 0
 
@@ -63,7 +61,7 @@ class XLAEnvironment(ClusterEnvironment):
     @staticmethod
     @override
     def detect() -> bool:
-        return importlib.util.find_spec("torch_xla") is not None and "PJRT_DEVICE" in os.environ
+        return bool(TORCH_XLA_AVAILABLE) and "PJRT_DEVICE" in os.environ
 
     @override
     def world_size(self) -> int:
