@@ -105,7 +105,9 @@ def load_sharded(
     """Read the sharded checkpoint at ``path`` into this run's shards (collective).
 
     Its ``state_dict`` and ``optimizer_states`` hold DTensors shaped like ``model``'s
-    shards, whatever the number of ranks that wrote it. Optimizer states are read only
+    shards, whatever the number of ranks that wrote it. With ``weights_only`` (the
+    default) nothing in the directory can run code: its metadata and non-tensor entries
+    are read by `accord.engines.torch.safe_dcp`. Optimizer states are read only
     when the checkpoint has as many as ``optimizers``; otherwise they are empty
     placeholders and the Trainer reports the mismatch.
     """
@@ -114,6 +116,8 @@ def load_sharded(
         get_optimizer_state_dict,
     )
     from torch.distributed.checkpoint.state_dict_loader import load
+
+    from accord.engines.torch.safe_dcp import SafeFileSystemReader, SafeLoadPlanner, load_metadata
 
     if not (path / META_FILE).is_file():
         raise CheckpointError(
@@ -130,7 +134,18 @@ def load_sharded(
         tensors[f"optimizer_{index}"] = dict(
             get_optimizer_state_dict(model, optimizer, options=options)
         )
-    load(tensors, checkpoint_id=path, process_group=process_group)
+    if weights_only:
+        # Every rank reads the same metadata, so a crafted file fails on all of them
+        # here, before DCP's collective load could leave some ranks waiting.
+        load_metadata((path / ".metadata").read_bytes(), str(path / ".metadata"))
+        load(
+            tensors,
+            storage_reader=SafeFileSystemReader(path),
+            planner=SafeLoadPlanner(),
+            process_group=process_group,
+        )
+    else:
+        load(tensors, checkpoint_id=path, process_group=process_group)
     checkpoint["state_dict"] = tensors["model"]
     checkpoint["optimizer_states"] = [
         tensors.get(f"optimizer_{index}", {}) for index in range(count)
