@@ -9,6 +9,7 @@ collective.
 
 from accord.core.collective import Collective, ReduceOp, ReduceOpLike
 from accord.core.lazy import lazy_exports
+from accord.core.process_group import ProcessGroupCollective
 from accord.core.wrappers.debug import DebugCollective
 from accord.core.wrappers.policy import maybe_debug, maybe_watchdog
 from accord.core.wrappers.stats import CollectiveStats, InstrumentedCollective, OpStats
@@ -35,6 +36,7 @@ __all__ = [
     "HorovodCollective",
     "InstrumentedCollective",
     "OpStats",
+    "ProcessGroupCollective",
     "ReduceOp",
     "ReduceOpLike",
     "SingleDeviceCollective",

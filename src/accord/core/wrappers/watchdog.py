@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from typing_extensions import Self, override
 
 from accord.core.collective import Collective
+from accord.core.process_group import as_timedelta
 from accord.core.wrappers.wrapper import CallSite, CollectiveWrapper, OpCall, call_site
 from accord.errors import (
     CollectiveError,
@@ -63,18 +64,6 @@ _OK = b"ok"
 _MISMATCH = b"mismatch"
 # How long rank 0 keeps its store up at teardown for the other ranks' last requests.
 _TEARDOWN_GRACE = timedelta(seconds=5)
-
-
-def _seconds(timeout: float | timedelta) -> timedelta:
-    if isinstance(timeout, timedelta):
-        value = timeout
-    elif isinstance(timeout, int | float) and not isinstance(timeout, bool):
-        value = timedelta(seconds=float(timeout))
-    else:
-        raise TypeError(f"timeout must be a number of seconds or a timedelta, got {timeout!r}.")
-    if value.total_seconds() <= 0:
-        raise ValueError(f"timeout must be positive, got {value}.")
-    return value
 
 
 class WatchdogCollective(CollectiveWrapper):
@@ -105,7 +94,7 @@ class WatchdogCollective(CollectiveWrapper):
         dump_stacks: bool = True,
     ) -> None:
         super().__init__(inner)
-        self.timeout = _seconds(timeout)
+        self.timeout = as_timedelta(timeout)
         self.host = host
         self.dump_stacks = dump_stacks
         self._store: Store | None = None
