@@ -4,8 +4,8 @@
 one thread per device, after setting up the runtime's replication. Every rank unpickles
 its own copy of the work (the Trainer, the model, the data), because ranks that are
 threads of one process would otherwise train the same objects. As under
-`MultiprocessingLauncher`, the launching process does not train: it waits, then takes rank
-zero's results (trained weights, callback state, metrics) into its own objects.
+`MultiprocessingLauncher`, the launching process does not train: `launch` returns what
+the work returned on rank zero, with its XLA tensors moved to the CPU.
 
 A rank that fails writes its traceback beside the results, and its process ends after a
 grace period, since the other ranks wait for it inside a collective; the launcher then
@@ -45,15 +45,13 @@ def _rank_main(index: int, work: bytes, directory: str, grace: float) -> None:
     """One rank of an ``xmp.spawn`` run (module level, so the process pool can pickle it)."""
     from accord.core.strategy import move_to_device
 
-    fn, args, kwargs, owner = pickle.loads(work)  # this rank's own copies
+    fn, args, kwargs = pickle.loads(work)  # this rank's own copies
     try:
         result = fn(*args, **kwargs)
         if index == 0:
-            payload = owner._rank_zero_payload() if owner is not None else None
             # XLA tensors go home as CPU tensors: unpickling an XLA tensor in the launching
             # process would start the runtime there, and no later fit could launch ranks.
-            cpu = torch.device("cpu")
-            body = pickle.dumps((move_to_device(result, cpu), move_to_device(payload, cpu)))
+            body = pickle.dumps(move_to_device(result, torch.device("cpu")))
             target = Path(directory) / _RESULT
             partial = target.with_suffix(".tmp")
             partial.write_bytes(body)  # plain pickle copies tensor data
@@ -113,7 +111,7 @@ class XLALauncher(MultiprocessingLauncher):
                 "with devices > 1 (or run one process per rank under your own xmp.spawn)."
             )
         env = self._cpu_runtime_env() if xr.device_type() == "CPU" else {}
-        work = pickle.dumps((fn, args, kwargs, self.owner))
+        work = pickle.dumps((fn, args, kwargs))
         directory = tempfile.mkdtemp(prefix="accord-xla-")
         saved = {name: os.environ.get(name) for name in env}
         os.environ.update(env)  # the spawned process inherits it
@@ -124,7 +122,7 @@ class XLALauncher(MultiprocessingLauncher):
                 self._raise_rank_failure(directory, err)
                 raise
             self._raise_rank_failure(directory, None)
-            result, payload = pickle.loads((Path(directory) / _RESULT).read_bytes())
+            result = pickle.loads((Path(directory) / _RESULT).read_bytes())
         finally:
             for name, value in saved.items():
                 if value is None:
@@ -132,8 +130,6 @@ class XLALauncher(MultiprocessingLauncher):
                 else:
                     os.environ[name] = value
             shutil.rmtree(directory, ignore_errors=True)
-        if self.owner is not None:
-            self.owner._apply_rank_zero_payload(payload)
         return result
 
     def _cpu_runtime_env(self) -> dict[str, str]:
