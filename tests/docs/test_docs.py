@@ -85,6 +85,8 @@ SUBMODULES = (
     "accord.core.objects",
     "accord.core.parallel",
     "accord.core.lazy",
+    "accord.core.checkpointing",
+    "accord.core.run_settings",
     "accord.core.process_group",
     "accord.core.rendezvous",
     "accord.engines.torch.fsdp_checkpoint",

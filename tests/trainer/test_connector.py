@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -279,7 +280,11 @@ def test_a_node_that_cannot_reach_node_zero_gives_up_and_names_the_address(
     assert "node 0" in result.stderr
 
 
-def _join_a_group_of_four(rank: int, world_size: int) -> dict[str, Any]:
+def _join_a_group_of_four(rank: int, world_size: int, ready: Path) -> dict[str, Any]:
+    # Both real ranks start the rendezvous together, however long the other took to start.
+    (ready / str(rank)).touch()
+    while len(list(ready.iterdir())) < world_size:
+        time.sleep(0.05)
     try:
         TorchCollective("gloo").setup(rank=rank, world_size=4)
     except CollectiveTimeoutError as err:
@@ -287,11 +292,14 @@ def _join_a_group_of_four(rank: int, world_size: int) -> dict[str, Any]:
     return {"missing": None}
 
 
-def test_the_rendezvous_names_every_missing_rank_on_every_rank() -> None:
-    # Two real ranks of a group of four: ranks 2 and 3 never come. The wait is long enough
-    # for the second process to start on a busy machine, and far below the op timeout.
+def test_the_rendezvous_names_every_missing_rank_on_every_rank(tmp_path: Path) -> None:
+    # Two real ranks of a group of four: ranks 2 and 3 never come.
     results = run_distributed(
-        _join_a_group_of_four, 2, env={"ACCORD_RENDEZVOUS_TIMEOUT": "10"}, timeout=120
+        _join_a_group_of_four,
+        2,
+        tmp_path,
+        env={"ACCORD_RENDEZVOUS_TIMEOUT": "10"},
+        timeout=120,
     )
     for rank, result in enumerate(results):
         assert result["missing"] == [2, 3]

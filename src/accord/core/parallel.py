@@ -61,7 +61,7 @@ class ParallelStrategy(Strategy):
         self.start_method: StartMethod = start_method
 
     @override
-    def _configure_launcher(self) -> None:
+    def configure_launcher(self) -> None:
         env = self.cluster_environment
         if env is None or env.creates_processes_externally:
             self._launcher = None

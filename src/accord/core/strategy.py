@@ -9,25 +9,25 @@ communication helper below — `reduce`, `broadcast`, uneven `all_gather`,
 from __future__ import annotations
 
 import contextlib
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from pathlib import Path
+from abc import abstractmethod
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
+from lightning_utilities.core.rank_zero import rank_zero_only
 from torch import nn
 
 from accord.accelerators.accelerator import Accelerator
 from accord.accelerators.cpu import CPUAccelerator
-from accord.checkpoint_io import load_checkpoint_file, save_checkpoint_file
 from accord.core.buffers import all_gather_uneven, move_to_device
+from accord.core.checkpointing import StrategyCheckpointing
 from accord.core.collective import Collective, ReduceOpLike
+from accord.core.run_settings import RunSettings
 from accord.core.wrappers.policy import wrap_collective
 from accord.core.wrappers.stats import CollectiveStats, InstrumentedCollective
 from accord.core.wrappers.wrapper import unwrap
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
-from accord.precision import Precision
+from accord.precision import Precision, PrecisionMode
 
 if TYPE_CHECKING:
     from accord.launchers.launcher import Launcher
@@ -38,23 +38,7 @@ T = TypeVar("T")
 _C = TypeVar("_C", bound=Collective)
 
 
-@dataclass(frozen=True)
-class RunSettings:
-    """What the Trainer decided for a run that a strategy may need to know.
-
-    The Trainer hands it over with `Strategy.configure_run` before it sets the module up,
-    so a strategy never reads the Trainer itself.
-
-    Attributes:
-        accumulate_grad_batches: batches whose gradients add up to one optimizer step.
-        gradient_clip_val: the total gradient norm to clip to, or None.
-    """
-
-    accumulate_grad_batches: int = 1
-    gradient_clip_val: float | None = None
-
-
-class Strategy(ABC):
+class Strategy(StrategyCheckpointing):
     """Base class of every strategy.
 
     Args:
@@ -208,7 +192,7 @@ class Strategy(ABC):
         return None
 
     # ----------------------------------------------------------------- lifecycle
-    def _configure_launcher(self) -> None:
+    def configure_launcher(self) -> None:
         """Decide `launcher`; called once the Trainer has filled in devices and environment."""
 
     def configure_run(self, settings: RunSettings) -> None:
@@ -220,6 +204,8 @@ class Strategy(ABC):
         accelerator = self.accelerator or CPUAccelerator()
         accelerator.setup_device(self.root_device)
         self.collective.setup(**self.collective_setup_kwargs())
+        # lightning_utilities' rank_zero_* helpers print on this process's global rank.
+        rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]
 
     def collective_setup_kwargs(self) -> dict[str, Any]:
         """Arguments passed to ``collective.setup()``."""
@@ -292,6 +278,21 @@ class Strategy(ABC):
         """Apply one optimizer step."""
         self.precision.optimizer_step(optimizer)
 
+    def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide a loss scaler's factor out of ``optimizer``'s gradients (if one is used)."""
+        self.precision.unscale_gradients(optimizer)
+
+    def check_precision(self, mode: PrecisionMode, device: torch.device) -> None:
+        """Refuse a precision this strategy cannot run on ``device``, before any process starts.
+
+        Raises:
+            ConfigurationError: ``16-mixed`` on CPU; engines add their own cases.
+        """
+        if mode is PrecisionMode.FP16_MIXED and device.type == "cpu":
+            raise ConfigurationError(
+                "precision='16-mixed' needs a CUDA device; on CPU use precision='bf16-mixed'."
+            )
+
     def zero_grad(self, optimizer: torch.optim.Optimizer, module: nn.Module) -> None:
         """Clear the gradients after a step."""
         optimizer.zero_grad(set_to_none=True)
@@ -299,42 +300,6 @@ class Strategy(ABC):
     def unwrap(self, module: nn.Module) -> nn.Module:
         """The user's module inside whatever wrapper `setup_module` added."""
         return module
-
-    # --------------------------------------------------------------- checkpoints
-    def module_state_dict(self, module: nn.Module) -> dict[str, Any]:
-        """The full state dict of the user's module."""
-        return self.unwrap(module).state_dict()
-
-    def load_module_state_dict(
-        self, module: nn.Module, state: dict[str, Any], strict: bool = True
-    ) -> None:
-        """Load ``state`` into the user's module."""
-        self.unwrap(module).load_state_dict(state, strict=strict)
-
-    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        """The optimizer's state dict."""
-        return optimizer.state_dict()
-
-    def load_optimizer_state_dict(
-        self, optimizer: torch.optim.Optimizer, state: dict[str, Any]
-    ) -> None:
-        """Load what `optimizer_state_dict` returned into ``optimizer``."""
-        optimizer.load_state_dict(state)
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path) -> None:
-        """Write ``checkpoint`` atomically from rank 0; every rank waits until it exists."""
-        if self.is_global_zero:
-            save_checkpoint_file(checkpoint, path)
-        self.barrier("save_checkpoint")
-
-    def load_checkpoint(self, path: str | Path, *, weights_only: bool = True) -> dict[str, Any]:
-        """Read a checkpoint written by `save_checkpoint` (``weights_only`` as `torch.load`)."""
-        return load_checkpoint_file(path, weights_only=weights_only)
-
-    def remove_checkpoint(self, path: str | Path) -> None:
-        """Delete a checkpoint this strategy wrote (rank 0 only)."""
-        if self.is_global_zero:
-            Path(path).unlink(missing_ok=True)
 
     # ------------------------------------------------------------- communication
     def reduce(self, tensor: torch.Tensor | float, op: ReduceOpLike = "mean") -> torch.Tensor:

@@ -47,7 +47,7 @@ def checkpoint_state(trainer: Trainer, state: RunState) -> dict[str, Any]:
         "state_dict": strategy.module_state_dict(state.wrapped),
         "optimizer_states": [strategy.optimizer_state_dict(o) for o in state.optimizers],
         "lr_schedulers": [c.scheduler.state_dict() for c in state.schedulers],
-        "precision": strategy.precision.state_dict(),
+        "precision": strategy.precision_state_dict(),
         "callbacks": {cb.state_key: cb.state_dict() for cb in trainer.callbacks},
         "rng_epoch_start": state.rng_epoch_start,
         "rng": torch.get_rng_state(),
@@ -123,7 +123,7 @@ def restore(trainer: Trainer, state: RunState, ckpt_path: str | Path, stage: str
             int(checkpoint["epoch"]) + 1,
             checkpoint.get("scheduler_monitors", {}),
         )
-    strategy.precision.load_state_dict(checkpoint.get("precision", {}))
+    strategy.load_precision_state_dict(checkpoint.get("precision", {}))
     for cb in trainer.callbacks:
         if cb.state_key in checkpoint.get("callbacks", {}):
             cb.load_state_dict(checkpoint["callbacks"][cb.state_key])

@@ -12,7 +12,6 @@ from accord.accelerators.cpu import CPUAccelerator
 from accord.accelerators.registry import accelerator_from_name
 from accord.core.parallel import ParallelStrategy
 from accord.core.strategy import Strategy
-from accord.engines.deepspeed.strategy import DeepSpeedStrategy
 from accord.engines.single.strategy import SingleDeviceStrategy
 from accord.engines.torch.dp import DPStrategy
 from accord.environments.cluster_environment import ClusterEnvironment
@@ -99,7 +98,7 @@ def connect(
             f"got accelerator={accel.name!r}. Pass one of them only."
         )
     mode = _precision_mode(built, precision)
-    _check_precision(built, mode, parallel_devices[0])
+    built.check_precision(mode, parallel_devices[0])
     own = built.precision
     if not built.precision_given or own.device_type != parallel_devices[0].type:
         built.precision = Precision(mode, parallel_devices[0])
@@ -111,7 +110,7 @@ def connect(
                 f"num_nodes={num_nodes} ask for {len(device_ids) * num_nodes}. Use "
                 "strategy='ddp', or devices=1."
             )
-        built._device = parallel_devices[0]
+        built.device = parallel_devices[0]
     elif isinstance(built, DPStrategy):
         if num_nodes > 1:
             raise ConfigurationError(
@@ -130,7 +129,7 @@ def connect(
     if built.cluster_environment is None:
         built.cluster_environment = env if not isinstance(built, SingleDeviceStrategy) else None
     _check_device_kind(built, accel)
-    built._configure_launcher()
+    built.configure_launcher()
     return built
 
 
@@ -147,25 +146,6 @@ def _precision_mode(strategy: Strategy, precision: str | int | None) -> Precisio
             "Trainer, or build the strategy without a Precision."
         )
     return own
-
-
-def _check_precision(strategy: Strategy, mode: PrecisionMode, device: torch.device) -> None:
-    """Refuse a precision the strategy's backend cannot run, before any process starts."""
-    if mode is PrecisionMode.FP16_MIXED and device.type == "cpu":
-        raise ConfigurationError(
-            "precision='16-mixed' needs a CUDA device; on CPU use precision='bf16-mixed'."
-        )
-    if (
-        mode is PrecisionMode.FP16_TRUE
-        and device.type == "cpu"
-        and isinstance(strategy, DeepSpeedStrategy)
-    ):
-        # The engine would raise "Type fp16 is not supported on your device" only once
-        # every rank has started.
-        raise ConfigurationError(
-            "precision='16-true' runs DeepSpeed's fp16 engine, which needs a CUDA device; "
-            "on CPU use precision='bf16-true' or 'bf16-mixed'."
-        )
 
 
 def _check_device_kind(strategy: Strategy, accel: Accelerator) -> None:

@@ -133,7 +133,7 @@ def optimizer_step(
             strategy.clip_gradients(wrapped, optimizer, gradient_clip_val)
         else:
             # So on_before_optimizer_step sees the true gradients under a loss scaler.
-            strategy.precision.unscale_gradients(optimizer)
+            strategy.unscale_gradients(optimizer)
         model.on_before_optimizer_step(optimizer)
         strategy.optimizer_step(optimizer, wrapped)
         strategy.zero_grad(optimizer, wrapped)

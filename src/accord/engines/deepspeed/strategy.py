@@ -48,7 +48,7 @@ from accord.engines.deepspeed.engine import initialize_engine, require_process_g
 from accord.engines.deepspeed.precision import DeepSpeedPrecision
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import CheckpointError, ConfigurationError
-from accord.precision import Precision
+from accord.precision import Precision, PrecisionMode
 
 __all__ = ["DeepSpeedPrecision", "DeepSpeedStrategy", "consolidate_deepspeed_checkpoint"]
 
@@ -152,6 +152,17 @@ class DeepSpeedStrategy(ParallelStrategy):
         if not isinstance(precision, DeepSpeedPrecision):
             precision = DeepSpeedPrecision(precision.mode, precision.device_type)
         self._precision = precision
+
+    @override
+    def check_precision(self, mode: PrecisionMode, device: torch.device) -> None:
+        super().check_precision(mode, device)
+        if mode is PrecisionMode.FP16_TRUE and device.type == "cpu":
+            # The engine would raise "Type fp16 is not supported on your device" only once
+            # every rank has started.
+            raise ConfigurationError(
+                "precision='16-true' runs DeepSpeed's fp16 engine, which needs a CUDA device; "
+                "on CPU use precision='bf16-true' or 'bf16-mixed'."
+            )
 
     @override
     def default_collective(self) -> Collective:

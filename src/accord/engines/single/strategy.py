@@ -36,7 +36,8 @@ class SingleDeviceStrategy(Strategy):
         debug: bool = False,
     ) -> None:
         super().__init__(accelerator, collective, cluster_environment, precision, debug=debug)
-        self._device = torch.device(device)
+        self.device = torch.device(device)
+        """The device this strategy trains on (the Trainer sets it from ``devices=``)."""
 
     @override
     def default_collective(self) -> Collective:
@@ -45,7 +46,7 @@ class SingleDeviceStrategy(Strategy):
     @property
     @override
     def root_device(self) -> torch.device:
-        return self._device
+        return self.device
 
     @override
     def collective_setup_kwargs(self) -> dict[str, Any]:

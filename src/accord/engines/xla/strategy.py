@@ -119,7 +119,7 @@ class XLAStrategy(XLAStrategyBase, ParallelStrategy):
         return self.parallel_devices[0] if self.parallel_devices else torch.device("xla", 0)
 
     @override
-    def _configure_launcher(self) -> None:
+    def configure_launcher(self) -> None:
         env = self.cluster_environment
         if env is None or env.creates_processes_externally or self.num_processes == 1:
             self._launcher = None

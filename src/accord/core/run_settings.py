@@ -1,0 +1,23 @@
+"""`RunSettings`: what the Trainer decided for a run that a strategy may need to know."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["RunSettings"]
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What the Trainer decided for a run that a strategy may need to know.
+
+    The Trainer hands it over with `Strategy.configure_run` before it sets the module up,
+    so a strategy never reads the Trainer itself.
+
+    Attributes:
+        accumulate_grad_batches: batches whose gradients add up to one optimizer step.
+        gradient_clip_val: the total gradient norm to clip to, or None.
+    """
+
+    accumulate_grad_batches: int = 1
+    gradient_clip_val: float | None = None
