@@ -16,8 +16,9 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import Any, cast
 
-from accord.environments.local import find_free_port
+from accord.environments.local import LocalEnvironment, find_free_port
 from accord.errors import RankFailureError
+from accord.launchers.launcher import rank_environment
 
 __all__ = ["run_distributed"]
 
@@ -73,15 +74,9 @@ def run_distributed(
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}.")
     ctx = multiprocessing.get_context("spawn")
-    threads = max(1, (os.cpu_count() or 1) // world_size)
-    child_env = {
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(find_free_port()),
-        "WORLD_SIZE": str(world_size),
-        "LOCAL_WORLD_SIZE": str(world_size),
-        "OMP_NUM_THREADS": str(threads),
-        **(env or {}),
-    }
+    # One node on loopback, each rank with its share of the cores, as the launchers do.
+    shared = rank_environment(LocalEnvironment(), world_size, 1, str(find_free_port()))
+    child_env = {**shared, **(env or {})}
     procs, conns = [], []
     for rank in range(world_size):
         parent_conn, child_conn = ctx.Pipe(duplex=False)
