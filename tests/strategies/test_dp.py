@@ -11,7 +11,7 @@ from torch import nn
 
 import accord
 from accord.collectives import SingleDeviceCollective
-from accord.engines.torch import dp
+from accord.engines.single import dp
 from accord.errors import ConfigurationError
 from accord.strategies import DPStrategy
 

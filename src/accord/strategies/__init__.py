@@ -9,9 +9,9 @@ from accord.core.parallel import ParallelStrategy
 from accord.core.step_module import StepModule
 from accord.core.strategy import RunSettings, Strategy
 from accord.engines.deepspeed.strategy import DeepSpeedStrategy, consolidate_deepspeed_checkpoint
+from accord.engines.single.dp import DPStrategy
 from accord.engines.single.strategy import SingleDeviceStrategy
 from accord.engines.torch.ddp import DDPStrategy
-from accord.engines.torch.dp import DPStrategy
 from accord.engines.torch.fsdp import FSDPStrategy
 from accord.engines.xla.strategy import SingleDeviceXLAStrategy, XLAStrategy
 from accord.strategies.registry import StrategyEntry, StrategyRegistry

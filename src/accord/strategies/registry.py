@@ -92,9 +92,9 @@ StrategyRegistry = _Registry()
 def _register_builtin() -> None:
     from accord.engines.deepspeed.strategy import DeepSpeedStrategy
     from accord.engines.horovod.strategy import HorovodStrategy
+    from accord.engines.single.dp import DPStrategy
     from accord.engines.single.strategy import SingleDeviceStrategy
     from accord.engines.torch.ddp import DDPStrategy
-    from accord.engines.torch.dp import DPStrategy
     from accord.engines.torch.fsdp import FSDPStrategy
     from accord.engines.xla.strategy import SingleDeviceXLAStrategy, XLAStrategy
 

@@ -12,8 +12,8 @@ from accord.accelerators.cpu import CPUAccelerator
 from accord.accelerators.registry import accelerator_from_name
 from accord.core.parallel import ParallelStrategy
 from accord.core.strategy import Strategy
+from accord.engines.single.dp import DPStrategy
 from accord.engines.single.strategy import SingleDeviceStrategy
-from accord.engines.torch.dp import DPStrategy
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.environments.local import LocalEnvironment
 from accord.environments.slurm import SLURMEnvironment

@@ -1,1 +1,1 @@
-"""One device, one process: the collective whose every op is the identity."""
+"""One process: the identity collective, and the strategies that need nothing else (single device, DataParallel)."""

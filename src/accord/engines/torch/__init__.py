@@ -1,1 +1,1 @@
-"""torch.distributed: TorchCollective and the DDP, DP and FSDP strategies built on it."""
+"""torch.distributed: TorchCollective and the DDP and FSDP strategies built on it."""
