@@ -428,6 +428,13 @@ def test_16_mixed_is_refused_with_what_works_instead(tmp_path: Path) -> None:
     assert "'bf16-true'" in message
 
 
+@pytest.mark.parametrize("name", ["xla", "single_xla"])
+def test_16_mixed_is_refused_when_the_trainer_is_built(name: str) -> None:
+    # Before any rank starts, in the launching process.
+    with pytest.raises(ConfigurationError, match="precision='16-mixed' needs CUDA's gradient"):
+        _trainer(strategy=name, devices=2 if name == "xla" else 1, precision="16-mixed")
+
+
 class FailsOnRankOne(LinearModel):
     """Rank 1 raises at batch 2 of the first epoch."""
 

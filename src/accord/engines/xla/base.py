@@ -48,12 +48,22 @@ class XLAStrategyBase(Strategy):
 
         return torch.device(torch_xla.device())
 
-    def _check_precision(self) -> None:
-        if self.precision.mode is PrecisionMode.FP16_MIXED:
+    @override
+    def check_precision(self, mode: PrecisionMode, device: torch.device) -> None:
+        """Refuse ``16-mixed``: it needs CUDA's gradient scaler, which XLA devices lack.
+
+        Raises:
+            ConfigurationError: ``mode`` is ``16-mixed``.
+        """
+        super().check_precision(mode, device)
+        if mode is PrecisionMode.FP16_MIXED:
             raise ConfigurationError(
                 "precision='16-mixed' needs CUDA's gradient scaler, which XLA devices do not "
                 "have. Use precision='bf16-mixed' or 'bf16-true' on XLA."
             )
+
+    def _precision_on_device(self) -> None:
+        self.check_precision(self.precision.mode, self.root_device)
         # The Trainer picks the precision before the XLA device exists; autocast must
         # target the device the model runs on.
         self.precision = Precision(self.precision.mode, self.root_device)

@@ -129,7 +129,7 @@ class XLAStrategy(XLAStrategyBase, ParallelStrategy):
     @override
     def setup_environment(self) -> None:
         self._device = self._xla_device()
-        self._check_precision()
+        self._precision_on_device()
         super().setup_environment()
         expected = self.num_nodes * self.num_processes
         if self.collective.world_size != expected:
@@ -184,10 +184,11 @@ class SingleDeviceXLAStrategy(XLAStrategyBase):
         super().__init__(
             _xla_accelerator(accelerator), collective, cluster_environment, precision, debug=debug
         )
-        self._device = (
+        self.device = (
             torch.device("xla", device) if isinstance(device, int) else torch.device(device)
         )
-        if self._device.type != "xla":
+        """The XLA device this strategy trains on."""
+        if self.device.type != "xla":
             raise ConfigurationError(
                 f"SingleDeviceXLAStrategy trains on an XLA device, got device={device!r}."
             )
@@ -196,9 +197,9 @@ class SingleDeviceXLAStrategy(XLAStrategyBase):
     @property
     @override
     def root_device(self) -> torch.device:
-        return self._device
+        return self.device
 
     @override
     def setup_environment(self) -> None:
-        self._check_precision()
+        self._precision_on_device()
         super().setup_environment()
