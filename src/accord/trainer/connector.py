@@ -10,10 +10,10 @@ import torch
 from accord.accelerators.accelerator import Accelerator, DevicesLike
 from accord.accelerators.cpu import CPUAccelerator
 from accord.accelerators.registry import accelerator_from_name
+from accord.core.one_device import OneDeviceStrategy
 from accord.core.parallel import ParallelStrategy
 from accord.core.strategy import Strategy
 from accord.engines.single.dp import DPStrategy
-from accord.engines.single.strategy import SingleDeviceStrategy
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.environments.local import LocalEnvironment
 from accord.environments.slurm import SLURMEnvironment
@@ -103,7 +103,7 @@ def connect(
     if not built.precision_given or own.device_type != parallel_devices[0].type:
         built.precision = Precision(mode, parallel_devices[0])
 
-    if isinstance(built, SingleDeviceStrategy):
+    if isinstance(built, OneDeviceStrategy):
         if len(device_ids) > 1 or num_nodes > 1:
             raise ConfigurationError(
                 f"strategy='single_device' trains on one device, but devices={devices!r} and "
@@ -127,7 +127,7 @@ def connect(
         built.num_nodes = num_nodes
         built.configure_ranks()
     if built.cluster_environment is None:
-        built.cluster_environment = env if not isinstance(built, SingleDeviceStrategy) else None
+        built.cluster_environment = env if not isinstance(built, OneDeviceStrategy) else None
     _check_device_kind(built, accel)
     built.configure_launcher()
     return built

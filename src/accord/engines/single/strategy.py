@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from typing_extensions import override
 
 from accord.accelerators.accelerator import Accelerator
 from accord.core.collective import Collective
-from accord.core.strategy import Strategy
+from accord.core.one_device import OneDeviceStrategy
 from accord.engines.single.collective import SingleDeviceCollective
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.precision import Precision
@@ -17,7 +15,7 @@ from accord.precision import Precision
 __all__ = ["SingleDeviceStrategy"]
 
 
-class SingleDeviceStrategy(Strategy):
+class SingleDeviceStrategy(OneDeviceStrategy):
     """Train on one device in this process; communication is the identity.
 
     Args:
@@ -42,12 +40,3 @@ class SingleDeviceStrategy(Strategy):
     @override
     def default_collective(self) -> Collective:
         return SingleDeviceCollective()
-
-    @property
-    @override
-    def root_device(self) -> torch.device:
-        return self.device
-
-    @override
-    def collective_setup_kwargs(self) -> dict[str, Any]:
-        return {}

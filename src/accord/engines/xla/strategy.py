@@ -34,6 +34,7 @@ from typing_extensions import override
 
 from accord.accelerators.accelerator import Accelerator
 from accord.core.collective import Collective
+from accord.core.one_device import OneDeviceStrategy
 from accord.core.parallel import ParallelStrategy
 from accord.engines.xla.accelerator import XLAAccelerator
 from accord.engines.xla.base import GradientSync, XLAStrategyBase
@@ -155,7 +156,7 @@ class XLAStrategy(XLAStrategyBase, ParallelStrategy):
         self._device = None
 
 
-class SingleDeviceXLAStrategy(XLAStrategyBase):
+class SingleDeviceXLAStrategy(XLAStrategyBase, OneDeviceStrategy):
     """Train on one XLA device in this process (a TPU core, or the XLA CPU runtime).
 
     The collective is an `XLACollective` on a world of one.
@@ -193,11 +194,6 @@ class SingleDeviceXLAStrategy(XLAStrategyBase):
                 f"SingleDeviceXLAStrategy trains on an XLA device, got device={device!r}."
             )
         self._reduced = set()
-
-    @property
-    @override
-    def root_device(self) -> torch.device:
-        return self.device
 
     @override
     def setup_environment(self) -> None:
