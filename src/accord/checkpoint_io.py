@@ -1,8 +1,14 @@
-"""Checkpoint files: written atomically, read safely.
+"""Checkpoint files: written atomically, read safely; checkpoint directories recognized.
 
 A checkpoint is written to a temporary file beside its destination, flushed to disk and
 renamed over it, so a crash mid-write leaves the previous checkpoint intact. Reading uses
 ``torch.load(weights_only=True)`` unless the caller opts out for a file they trust.
+
+A sharding strategy writes a directory instead: FSDP's sharded checkpoints
+(`torch.distributed.checkpoint`) and DeepSpeed's ZeRO checkpoints. `checkpoint_format` tells
+them apart by the files inside; the engine that owns a format registers a reader with
+`register_directory_reader`, and `read_checkpoint` reads a file or any registered directory
+as one full checkpoint dict, so a strategy that does not shard resumes from either.
 """
 
 from __future__ import annotations
@@ -20,7 +26,45 @@ import torch
 
 from accord.errors import CheckpointError
 
-__all__ = ["load_checkpoint_file", "save_checkpoint_file", "write_bytes_atomically"]
+__all__ = [
+    "CHECKPOINT_FORMAT_VERSION",
+    "DIRECTORY_FORMATS",
+    "DirectoryReader",
+    "checkpoint_format",
+    "check_format_version",
+    "load_checkpoint_file",
+    "read_checkpoint",
+    "register_directory_reader",
+    "save_checkpoint_file",
+    "write_bytes_atomically",
+]
+
+CHECKPOINT_FORMAT_VERSION = 1
+"""The newest ``accord_checkpoint_version`` this accord reads; a newer checkpoint is refused."""
+
+DIRECTORY_FORMATS: dict[str, str] = {
+    "fsdp_sharded": "an FSDP sharded checkpoint (a torch.distributed.checkpoint directory)",
+    "deepspeed": "a DeepSpeed checkpoint (ZeRO shards under a tag directory)",
+}
+"""The checkpoint directory formats `checkpoint_format` recognizes, with what each is."""
+
+_HOW_TO_READ = {
+    "fsdp_sharded": (
+        "Resume from it with any strategy (ckpt_path=...), or read it into one file with "
+        "torch.distributed.checkpoint.format_utils.dcp_to_torch_save."
+    ),
+    "deepspeed": (
+        "Resume from it with strategy='deepspeed_stage_2' or '_3', or turn it into one file "
+        "of weights with accord.strategies.consolidate_deepspeed_checkpoint(directory, file)."
+    ),
+}
+
+DirectoryReader = Callable[[Path, bool], dict[str, Any]]
+"""Reads a checkpoint directory (``path``, ``weights_only``) into one full checkpoint dict:
+``state_dict`` and ``optimizer_states`` hold whole tensors, keyed as the user's module and a
+plain ``optimizer.state_dict()`` (or by parameter name) key them."""
+
+_READERS: dict[str, DirectoryReader] = {}
 
 # torch.load names each global its weights-only unpickler refuses as "GLOBAL module.name".
 _REFUSED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
@@ -86,9 +130,18 @@ def load_checkpoint_file(
         map_location: where tensors are loaded (default: CPU).
 
     Raises:
-        CheckpointError: the file is missing, truncated, corrupt, or not a checkpoint dict.
+        CheckpointError: the file is missing, truncated, corrupt, or not a checkpoint dict;
+            a directory (the message says which format it holds and how to load it); a
+            checkpoint written in a newer format than `CHECKPOINT_FORMAT_VERSION`.
     """
     source = Path(path)
+    if source.is_dir():
+        found = checkpoint_format(source) or ""
+        what = DIRECTORY_FORMATS.get(found, "no format accord knows")
+        how = _HOW_TO_READ.get(found, "Pass the path of a checkpoint file.")
+        raise CheckpointError(
+            f"{str(source)!r} is a directory, not a checkpoint file: it holds {what}. {how}"
+        )
     if not source.is_file():
         raise CheckpointError(
             f"No checkpoint at {str(source)!r}. Check the path, or pass ckpt_path='last' to "
@@ -118,7 +171,84 @@ def load_checkpoint_file(
         raise CheckpointError(
             f"{str(source)!r} holds a {type(loaded).__name__}, not a checkpoint dict."
         )
+    check_format_version(loaded, source)
     return loaded
+
+
+def checkpoint_format(path: str | Path) -> str | None:
+    """What ``path`` holds: ``"file"``, a key of `DIRECTORY_FORMATS`, or None (nothing
+    accord recognizes: missing, or a directory of something else)."""
+    source = Path(path)
+    if source.is_file():
+        return "file"
+    if not source.is_dir():
+        return None
+    if (source / ".metadata").is_file():
+        return "fsdp_sharded"
+    if (source / "latest").is_file() or any(source.glob("*/*model_states.pt")):
+        return "deepspeed"
+    return None
+
+
+def register_directory_reader(format_name: str, reader: DirectoryReader) -> None:
+    """Let `read_checkpoint` read directories of ``format_name`` with ``reader``.
+
+    Called by the engine that owns the format, when it is imported.
+
+    Raises:
+        ValueError: ``format_name`` is not one of `DIRECTORY_FORMATS`.
+    """
+    if format_name not in DIRECTORY_FORMATS:
+        raise ValueError(
+            f"Unknown checkpoint directory format {format_name!r}; known: "
+            f"{', '.join(sorted(DIRECTORY_FORMATS))}."
+        )
+    _READERS[format_name] = reader
+
+
+def read_checkpoint(path: str | Path, *, weights_only: bool = True) -> dict[str, Any]:
+    """Read a checkpoint file, or a checkpoint directory whose format has a reader, whole.
+
+    Args:
+        path: a checkpoint file, or a directory a sharding strategy wrote.
+        weights_only: as in `torch.load`, for every file read.
+
+    Raises:
+        CheckpointError: nothing readable at ``path``, or a format without a reader.
+    """
+    source = Path(path)
+    found = checkpoint_format(source)
+    if found is None or found == "file":
+        return load_checkpoint_file(source, weights_only=weights_only)
+    reader = _READERS.get(found)
+    if reader is None:
+        raise CheckpointError(
+            f"{str(source)!r} is {DIRECTORY_FORMATS[found]}, which this installation cannot "
+            f"read outside its own strategy. {_HOW_TO_READ[found]}"
+        )
+    checkpoint = reader(source, weights_only)
+    check_format_version(checkpoint, source)
+    return checkpoint
+
+
+def check_format_version(checkpoint: dict[str, Any], source: str | Path) -> None:
+    """Refuse a checkpoint written in a newer format than `CHECKPOINT_FORMAT_VERSION`.
+
+    Raises:
+        CheckpointError: its ``accord_checkpoint_version`` is newer, or not a number.
+    """
+    version = checkpoint.get("accord_checkpoint_version", CHECKPOINT_FORMAT_VERSION)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise CheckpointError(
+            f"{str(source)!r} has format version {version!r}, not a number: it is not a "
+            "checkpoint accord wrote, or it was altered."
+        )
+    if version > CHECKPOINT_FORMAT_VERSION:
+        raise CheckpointError(
+            f"{str(source)!r} was written by a newer accord (checkpoint format version "
+            f"{version}); this one reads versions up to {CHECKPOINT_FORMAT_VERSION}. "
+            "Upgrade accord to load it."
+        )
 
 
 def _check_header(source: Path) -> None:

@@ -25,7 +25,7 @@ from torch import nn
 from typing_extensions import override
 
 from accord.accelerators.accelerator import Accelerator
-from accord.checkpoint_io import load_checkpoint_file
+from accord.checkpoint_io import checkpoint_format, read_checkpoint
 from accord.core.collective import Collective
 from accord.core.parallel import ParallelStrategy
 from accord.core.step_module import StepModule
@@ -338,11 +338,12 @@ class FSDPStrategy(ParallelStrategy):
         """Read a checkpoint of either kind (collective for a sharded one).
 
         A sharded checkpoint is read into this run's shards, whatever the number of ranks
-        that wrote it; its ``state_dict`` and ``optimizer_states`` hold DTensors.
+        that wrote it; its ``state_dict`` and ``optimizer_states`` hold DTensors. A file, or
+        another strategy's directory, is read whole (`accord.checkpoint_io.read_checkpoint`).
         """
         source = Path(path)
-        if not source.is_dir():
-            return load_checkpoint_file(source, weights_only=weights_only)
+        if checkpoint_format(source) != "fsdp_sharded":
+            return read_checkpoint(source, weights_only=weights_only)
         return load_sharded(
             source,
             self._require_model(),

@@ -7,7 +7,9 @@
   the model part loads into a plain module as well.
 
 A sharded checkpoint is written under a temporary name beside its destination and renamed
-into place, so a crash leaves the previous one intact.
+into place, so a crash leaves the previous one intact. `read_sharded_whole` reads one into
+whole tensors in a single process; it is registered with `accord.checkpoint_io`, so a
+strategy that does not shard (DDP, one device) resumes from a sharded checkpoint too.
 """
 
 from __future__ import annotations
@@ -20,7 +22,11 @@ import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
 
-from accord.checkpoint_io import load_checkpoint_file, save_checkpoint_file
+from accord.checkpoint_io import (
+    load_checkpoint_file,
+    register_directory_reader,
+    save_checkpoint_file,
+)
 from accord.core.strategy import Strategy
 from accord.errors import CheckpointError
 
@@ -34,6 +40,7 @@ __all__ = [
     "load_options",
     "load_sharded",
     "name_parameters",
+    "read_sharded_whole",
     "remove_path",
     "save_sharded",
     "state_dict_options",
@@ -53,18 +60,27 @@ def state_dict_options(*, full: bool) -> StateDictOptions:
 
 def load_options(state: dict[str, Any], strict: bool = True) -> StateDictOptions:
     """How to load ``state``: every rank holds what it loads, its own shards (DTensors) or
-    a copy of the full tensors."""
+    a copy of the full tensors.
+
+    A state without any tensor (plain SGD's optimizer state) loads as this rank's own:
+    torch's full-state path needs a tensor to find the device to place them on.
+    """
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    return StateDictOptions(full_state_dict=not holds_dtensors(state), strict=strict)
+    full = _holds(state, torch.Tensor) and not holds_dtensors(state)
+    return StateDictOptions(full_state_dict=full, strict=strict)
 
 
 def holds_dtensors(state: Any) -> bool:
     """Whether a (nested) state dict holds DTensors: one read from a sharded checkpoint."""
     from torch.distributed.tensor import DTensor
 
+    return _holds(state, DTensor)
+
+
+def _holds(state: Any, kind: type) -> bool:
     found: list[bool] = []
-    apply_to_collection(state, DTensor, lambda _: found.append(True))
+    apply_to_collection(state, kind, lambda _: found.append(True))
     return bool(found)
 
 
@@ -119,12 +135,7 @@ def load_sharded(
 
     from accord.engines.torch.safe_dcp import SafeFileSystemReader, SafeLoadPlanner, load_metadata
 
-    if not (path / META_FILE).is_file():
-        raise CheckpointError(
-            f"{str(path)!r} is a directory without {META_FILE}: not a sharded accord "
-            "checkpoint (or one whose save did not finish)."
-        )
-    checkpoint = load_checkpoint_file(path / META_FILE, weights_only=weights_only)
+    checkpoint = _read_meta(path, weights_only)
     options = state_dict_options(full=False)
     # DCP loads in place into tensors shaped like this run's shards.
     tensors: dict[str, Any] = {"model": get_model_state_dict(model, options=options)}
@@ -151,6 +162,37 @@ def load_sharded(
         tensors.get(f"optimizer_{index}", {}) for index in range(count)
     ]
     return checkpoint
+
+
+def read_sharded_whole(path: Path, weights_only: bool = True) -> dict[str, Any]:
+    """Read the sharded checkpoint at ``path`` whole, in this process alone.
+
+    Its ``state_dict`` holds the full tensors under the user's module's names and each of
+    its ``optimizer_states`` is keyed by parameter name, as FSDP saves them; any number of
+    ranks may have written it, and no process group is needed. With ``weights_only`` (the
+    default) nothing in the directory can run code.
+
+    Raises:
+        CheckpointError: not a sharded accord checkpoint, or it holds objects beyond
+            tensors and plain containers.
+    """
+    from accord.engines.torch.safe_dcp import read_whole
+
+    checkpoint = _read_meta(path, weights_only)
+    tensors = read_whole(str(path), weights_only=weights_only)
+    count = int(checkpoint.get("fsdp_sharded", {}).get("optimizer_count", 0))
+    checkpoint["state_dict"] = tensors.get("model", {})
+    checkpoint["optimizer_states"] = [tensors.get(f"optimizer_{i}", {}) for i in range(count)]
+    return checkpoint
+
+
+def _read_meta(path: Path, weights_only: bool) -> dict[str, Any]:
+    if not (path / META_FILE).is_file():
+        raise CheckpointError(
+            f"{str(path)!r} is a directory without {META_FILE}: not a sharded accord "
+            "checkpoint (or one whose save did not finish)."
+        )
+    return load_checkpoint_file(path / META_FILE, weights_only=weights_only)
 
 
 def name_parameters(
@@ -198,3 +240,6 @@ def _replace(source: Path, target: Path) -> None:
     target.rename(old)
     source.rename(target)
     remove_path(old)
+
+
+register_directory_reader("fsdp_sharded", read_sharded_whole)

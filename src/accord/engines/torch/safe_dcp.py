@@ -5,26 +5,36 @@ its `DefaultLoadPlanner` loads non-tensor entries with ``torch.load(weights_only
 a crafted directory runs code on load. `SafeFileSystemReader` unpickles the metadata with an
 unpickler that admits only the classes DCP writes there, and `SafeLoadPlanner` loads the
 non-tensor entries with ``weights_only=True``. Anything else is refused with a
-`CheckpointError` naming the object.
+`CheckpointError` naming the object. `read_whole` reads a directory into whole tensors in
+one process, without a model or a process group.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 import pickle
+import warnings
 from typing import Any
 
 import torch
 import torch.distributed.checkpoint.metadata as dcp_metadata
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import ReadItem
 from typing_extensions import override
 
 from accord.errors import CheckpointError
 
-__all__ = ["METADATA_GLOBALS", "SafeFileSystemReader", "SafeLoadPlanner", "load_metadata"]
+__all__ = [
+    "METADATA_GLOBALS",
+    "SafeFileSystemReader",
+    "SafeLoadPlanner",
+    "WholeStateLoadPlanner",
+    "load_metadata",
+    "read_whole",
+]
 
 METADATA_GLOBALS: frozenset[tuple[str, str]] = frozenset(
     {
@@ -119,3 +129,84 @@ class SafeLoadPlanner(DefaultLoadPlanner):
         # loader (which also places entries of a flattened state dict) runs nothing else.
         value.seek(0)
         super().load_bytes(read_item, value)
+
+
+class WholeStateLoadPlanner(SafeLoadPlanner):
+    """Loads everything a checkpoint holds as whole tensors, into an empty dict.
+
+    The target is built from the checkpoint's metadata (every entry at its global size),
+    so no model is needed; DCP assembles each tensor from the shards every rank wrote.
+    With ``safe=False`` non-tensor entries are read as torch's own planner reads them.
+    """
+
+    def __init__(self, *, safe: bool = True) -> None:
+        super().__init__()
+        self._safe = safe
+        self.loaded: dict[str, Any] = {}
+        """What the checkpoint holds, nested as saved (filled in place during the load)."""
+
+    @override
+    def set_up_planner(
+        self,
+        state_dict: dict[str, Any],
+        metadata: Metadata | None = None,
+        is_coordinator: bool = False,
+    ) -> None:
+        if state_dict or metadata is None:
+            raise ValueError("WholeStateLoadPlanner fills an empty dict from the metadata.")
+        paths = metadata.planner_data or {}
+        for key, entry in metadata.state_dict_metadata.items():
+            value: Any = entry
+            if isinstance(entry, TensorStorageMetadata):
+                value = torch.empty(entry.size, dtype=entry.properties.dtype)
+            _set_path(state_dict, tuple(paths.get(key, (key,))), value)
+        # DCP's load copies back only keys the caller's dict had, and it had none.
+        self.loaded = state_dict
+        super().set_up_planner(state_dict, metadata, is_coordinator)
+
+    @override
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        if self._safe:
+            super().load_bytes(read_item, value)
+        else:
+            DefaultLoadPlanner.load_bytes(self, read_item, value)
+
+
+def _set_path(root: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:
+    """Put ``value`` at ``path`` (keys, or list indices) under ``root``, making containers."""
+    node: Any = root
+    for key, following in itertools.pairwise(path):
+        child: Any = [] if isinstance(following, int) else {}
+        if isinstance(node, list):
+            while len(node) <= key:
+                node.append(None)
+            node[key] = node[key] if node[key] is not None else child
+            node = node[key]
+        else:
+            node = node.setdefault(key, child)
+    last = path[-1]
+    if isinstance(node, list):
+        while len(node) <= last:
+            node.append(None)
+    node[last] = value
+
+
+def read_whole(path: str, *, weights_only: bool = True) -> dict[str, Any]:
+    """Every entry of the DCP checkpoint at ``path``, nested as saved, tensors whole.
+
+    Reads in this process only (no process group needed or used). With ``weights_only``
+    (the default) nothing in the directory can run code.
+
+    Raises:
+        CheckpointError: the metadata or an entry holds objects beyond tensors and plain
+            containers (with ``weights_only``), or is not readable.
+    """
+    from torch.distributed.checkpoint.state_dict_loader import load
+
+    reader = SafeFileSystemReader(path) if weights_only else FileSystemReader(path)
+    planner = WholeStateLoadPlanner(safe=weights_only)
+    with warnings.catch_warnings():
+        # Reading in one process is the intent here, not a fallback to warn about.
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        load({}, storage_reader=reader, planner=planner, no_dist=True)
+    return planner.loaded
