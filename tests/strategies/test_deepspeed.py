@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -22,7 +23,7 @@ from models import LinearModel, flat_weights, loader
 
 import accord
 from accord.collectives import DeepSpeedCollective
-from accord.errors import CheckpointError, ConfigurationError
+from accord.errors import CheckpointError, ConfigurationError, RankFailureError
 from accord.strategies import DDPStrategy, DeepSpeedStrategy, consolidate_deepspeed_checkpoint
 from accord.testing import run_distributed
 from conftest import run_python
@@ -449,6 +450,83 @@ def test_a_first_save_that_did_not_finish_is_not_read(deepspeed: Any, tmp_path: 
     with pytest.raises(CheckpointError, match=r"no 'latest' file .*Pass tag="):
         consolidate_deepspeed_checkpoint(torn, tmp_path / "weights.pt")
     assert not (tmp_path / "weights.pt").exists()
+
+
+class KilledMidSave(DeepSpeedCollective):
+    """Global rank 0 SIGKILLs itself in save number ``save``, once its own shards are
+    written: the other rank may still be writing, and nothing is committed."""
+
+    def __init__(self, save: int) -> None:
+        super().__init__()
+        self.save = save
+        self.saves = 0
+
+    def barrier(self, name: str | None = None) -> None:
+        if name == "deepspeed_save_checkpoint_written":
+            self.saves += 1
+            if self.saves == self.save and self.rank == 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+        super().barrier(name)
+
+
+def _fit_saving_every_epoch(root: Path, collective: DeepSpeedCollective | None, **fit: Any) -> Any:
+    model = AdamModel()
+    checkpoints = accord.callbacks.ModelCheckpoint(
+        dirpath=root, filename="epoch={epoch}", save_top_k=-1
+    )
+    strategy = DeepSpeedStrategy(stage=2, collective=collective)
+    _trainer(strategy, max_epochs=3, callbacks=[checkpoints]).fit(
+        model, loader(batch_size=16), **fit
+    )
+    return model
+
+
+def _killed_in_the_second_save(rank: int, world_size: int, root: Path) -> None:
+    _fit_saving_every_epoch(root, KilledMidSave(save=2))
+
+
+def _resume_from_last(rank: int, world_size: int, root: Path) -> dict[str, Any]:
+    resumed = _fit_saving_every_epoch(root, None, ckpt_path="last")
+    full = _fit_saving_every_epoch(root / "uninterrupted", None)
+    return {
+        "resumed": flat_weights(resumed),
+        "resumed_steps": len(resumed.losses),
+        "full": flat_weights(full),
+        "full_steps": len(full.losses),
+    }
+
+
+def test_a_killed_save_leaves_nothing_under_its_name(deepspeed: Any, tmp_path: Path) -> None:
+    with pytest.raises(RankFailureError):  # rank 0 was killed, rank 1 lost its peer
+        run_distributed(_killed_in_the_second_save, 2, tmp_path, timeout=TIMEOUT)
+    # The shards of epoch=1.ckpt are under a staging name that ckpt_path="last" passes over.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".epoch=1.ckpt.tmp", "epoch=0.ckpt"]
+    for result in run_distributed(_resume_from_last, 2, tmp_path, timeout=TIMEOUT):
+        assert result["resumed_steps"] * 3 == result["full_steps"] * 2  # from epoch=0.ckpt
+        torch.testing.assert_close(result["resumed"], result["full"], rtol=0, atol=1e-6)
+    # The next save removed what the killed one left.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "epoch=0.ckpt",
+        "epoch=1.ckpt",
+        "epoch=2.ckpt",
+        "uninterrupted",
+    ]
+
+
+def test_a_save_removes_only_what_killed_saves_left(tmp_path: Path) -> None:
+    from accord.engines.deepspeed.staging import remove_leftovers
+
+    killed = tmp_path / ".epoch=3.ckpt.tmp"  # shards written, `latest` not yet
+    (killed / "checkpoint-0").mkdir(parents=True)
+    (killed / "checkpoint-0" / "mp_rank_00_model_states.pt").write_bytes(b"half")
+    (killed / "zero_to_fp32.py").write_text("")
+    (tmp_path / ".epoch=4.ckpt.tmp").mkdir()  # killed before any shard
+    kept = {".notes.tmp": "notes.txt", ".sharded.ckpt.tmp": ".metadata", "epoch=2.ckpt": "latest"}
+    for folder, name in kept.items():
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / name).write_text("not a DeepSpeed save's leftover")
+    remove_leftovers(tmp_path, ("checkpoint-0", "checkpoint-1"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
 
 
 # ------------------------------------------------ agreement across ranks (one job)

@@ -1,17 +1,21 @@
-"""The DeepSpeed checkpoint directory: atomic tag/latest saves, resume state, consolidation.
+"""The DeepSpeed checkpoint directory: atomic saves, safe loads, resume state, consolidation.
 
 A checkpoint is a directory. ``engine.save_checkpoint`` writes every rank's shards under
-``<dir>/<tag>/``, and ``<dir>/latest`` names the tag to read. Saves to one directory take
-the tags ``checkpoint-0`` and ``checkpoint-1`` in turn: `save_engine_checkpoint` writes
-the tag ``latest`` does not name, switches ``latest`` over atomically once every rank is
-done, and only then removes the previous tag, so a save that dies midway leaves the
-previous checkpoint whole. The ranks keep step through the strategy's ``broadcast`` and
-``barrier``, that is, through its collective. `consolidate_deepspeed_checkpoint` turns a
-directory into one plain state dict file, offline.
+``<dir>/<tag>/``, and ``<dir>/latest`` names the tag to read. `save_engine_checkpoint`
+never leaves an incomplete checkpoint under a final name: a directory that holds no
+finished checkpoint yet is written under a staging name and renamed into place when
+complete (`accord.engines.deepspeed.staging`); later saves to it take the tags
+``checkpoint-0`` and ``checkpoint-1`` in turn, writing the tag ``latest`` does not name,
+switching ``latest`` over atomically once every rank is done, and only then removing the
+previous tag. The ranks keep step through the strategy's ``broadcast`` and ``barrier``,
+that is, through its collective. Loading reads every file with ``weights_only=True``
+(`accord.engines.deepspeed.safe_load`) unless the caller trusts the checkpoint.
+`consolidate_deepspeed_checkpoint` turns a directory into one plain state dict file, offline.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -21,7 +25,13 @@ import torch
 
 from accord.checkpoint_io import save_checkpoint_file, write_bytes_atomically
 from accord.core.strategy import Strategy
+from accord.engines.deepspeed import staging
 from accord.engines.deepspeed.collective import import_deepspeed
+from accord.engines.deepspeed.safe_load import (
+    check_tag_files,
+    load_deepspeed_file,
+    safe_engine_loads,
+)
 from accord.errors import CheckpointError
 
 __all__ = [
@@ -52,24 +62,30 @@ def save_engine_checkpoint(
 ) -> None:
     """Write ``checkpoint`` into ``directory`` with ``engine.save_checkpoint``, atomically.
 
-    Every rank must call it. Each rank writes its shards under ``<directory>/<tag>/``;
-    everything in ``checkpoint`` but ``state_dict`` and ``optimizer_states`` travels as
-    the engine's client state. Global rank 0 picks the tag and points ``latest`` at it once
-    every rank has written; local rank 0 of each node clears the tag first and removes the
-    previous one last.
+    Every rank must call it. Each rank writes its shards under ``<directory>/<tag>/`` and
+    flushes them to disk; everything in ``checkpoint`` but ``state_dict`` and
+    ``optimizer_states`` travels as the engine's client state. Global rank 0 picks the tag
+    and, once every rank has written, points ``latest`` at it (and renames a staged
+    directory into place); local rank 0 of each node clears what a killed save left first
+    and removes the previous tag last.
     """
     tags = _next_tag(directory) if strategy.is_global_zero else None
     previous, tag = cast(tuple[str | None, str], strategy.broadcast(tags))
+    target = directory if previous is not None else staging.staging_path(directory)
     if strategy.local_rank == 0:
-        shutil.rmtree(directory / tag, ignore_errors=True)  # what a crashed save left
+        staging.remove_leftovers(directory.parent, _TAGS)
+        shutil.rmtree(target / tag, ignore_errors=True)  # what a killed save left
     strategy.barrier("deepspeed_save_checkpoint_prepare")
     client = {k: v for k, v in checkpoint.items() if k not in _ENGINE_KEYS}
     engine.save_checkpoint(
-        str(directory), tag=tag, client_state={_CLIENT_KEY: client}, save_latest=False
+        str(target), tag=tag, client_state={_CLIENT_KEY: client}, save_latest=False
     )
+    staging.fsync_tree(target / tag)
     strategy.barrier("deepspeed_save_checkpoint_written")
     if strategy.is_global_zero:
-        write_bytes_atomically(tag.encode(), directory / "latest")
+        write_bytes_atomically(tag.encode(), target / "latest")
+        if target != directory:
+            staging.move_into_place(target, directory)
         # Rewriting files inside leaves a directory's mtime alone; ckpt_path="last" reads it.
         os.utime(directory)
     strategy.barrier("deepspeed_save_checkpoint_committed")
@@ -77,17 +93,22 @@ def save_engine_checkpoint(
         shutil.rmtree(directory / previous, ignore_errors=True)
 
 
-def load_checkpoint_directory(source: Path, engine: Any | None) -> dict[str, Any]:
+def load_checkpoint_directory(
+    source: Path, engine: Any | None, *, weights_only: bool = True
+) -> dict[str, Any]:
     """Read the checkpoint directory ``source``; with a training ``engine``, to resume.
 
     With ``engine`` (every rank must call it) the engine restores its weights and optimizer
     state itself, and the returned ``state_dict`` and ``optimizer_states`` are
     `EngineState` placeholders. Without, the shards are consolidated into a full
-    ``state_dict``, returned with the Trainer's state.
+    ``state_dict``, returned with the Trainer's state. With ``weights_only`` (the default)
+    every file of the checkpoint is read as `load_deepspeed_file` reads it, so nothing in
+    it can run code; pass False only for a checkpoint you trust.
 
     Raises:
-        CheckpointError: no directory there, or not a DeepSpeed checkpoint; resuming from
-            one without accord's training state.
+        CheckpointError: no directory there, or not a finished DeepSpeed checkpoint; a
+            file that holds objects ``weights_only`` refuses; resuming from a checkpoint
+            without accord's training state.
     """
     if not source.is_dir():
         raise CheckpointError(
@@ -95,11 +116,15 @@ def load_checkpoint_directory(source: Path, engine: Any | None) -> dict[str, Any
             "to resume from the latest checkpoint."
         )
     if engine is None:
-        state, client = _read_consolidated(source, None)
+        state, client = _read_consolidated(source, None, weights_only)
         return {**client, "state_dict": state}
-    load_path, client = engine.load_checkpoint(
-        str(source), load_optimizer_states=True, load_lr_scheduler_states=False
-    )
+    tag = _checkpoint_tag(source, None)
+    if weights_only:
+        check_tag_files(source / tag)
+    with safe_engine_loads(engine) if weights_only else contextlib.nullcontext():
+        load_path, client = engine.load_checkpoint(
+            str(source), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=False
+        )
     if load_path is None or not isinstance(client, dict):
         raise CheckpointError(
             f"DeepSpeed could not load {str(source)!r} (no 'latest' file or tag directory)."
@@ -132,11 +157,15 @@ def strip_step_prefix(state: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _read_consolidated(directory: Path, tag: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+def _read_consolidated(
+    directory: Path, tag: str | None, weights_only: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """A ZeRO checkpoint's full fp32 state dict and the Trainer state stored beside it.
 
     The state dict has the user's parameter names when accord wrote the checkpoint; the
-    Trainer state is empty for a checkpoint DeepSpeed wrote for someone else.
+    Trainer state is empty for a checkpoint DeepSpeed wrote for someone else. DeepSpeed's
+    ``zero_to_fp32`` unpickles the files itself, so with ``weights_only`` they are all
+    read as `load_deepspeed_file` reads them first.
 
     Raises:
         MissingDependencyError: deepspeed is not installed.
@@ -145,6 +174,8 @@ def _read_consolidated(directory: Path, tag: str | None) -> tuple[dict[str, Any]
     if not directory.is_dir():
         raise CheckpointError(f"{str(directory)!r} is not a DeepSpeed checkpoint directory.")
     tag = _checkpoint_tag(directory, tag)
+    if weights_only:
+        check_tag_files(directory / tag)
     zero_to_fp32 = import_deepspeed(
         "deepspeed.utils.zero_to_fp32", feature="consolidate_deepspeed_checkpoint"
     )
@@ -154,14 +185,18 @@ def _read_consolidated(directory: Path, tag: str | None) -> tuple[dict[str, Any]
         raise CheckpointError(
             f"{str(directory)!r} could not be consolidated (not a ZeRO checkpoint?): {err}"
         ) from err
-    states = _load_model_states(directory, tag)
+    states = _load_model_states(directory, tag, weights_only)
     if _CLIENT_KEY not in states:
         return state, {}
     return strip_step_prefix(state), dict(states[_CLIENT_KEY])
 
 
 def consolidate_deepspeed_checkpoint(
-    checkpoint_dir: str | Path, output_file: str | Path, *, tag: str | None = None
+    checkpoint_dir: str | Path,
+    output_file: str | Path,
+    *,
+    tag: str | None = None,
+    weights_only: bool = True,
 ) -> Path:
     """Turn a ZeRO checkpoint directory into one plain fp32 state dict file.
 
@@ -175,25 +210,25 @@ def consolidate_deepspeed_checkpoint(
             ``engine.save_checkpoint``) wrote.
         output_file: where to write the state dict (atomically).
         tag: the tag inside ``checkpoint_dir``; default: its ``latest`` file.
+        weights_only: read every file with ``torch.load(weights_only=True)``, admitting
+            only the few DeepSpeed classes its files hold, so nothing in the directory
+            can run code. Pass False only for a checkpoint you trust.
 
     Returns:
         ``output_file`` as a `Path`.
 
     Raises:
         MissingDependencyError: deepspeed is not installed.
-        CheckpointError: ``checkpoint_dir`` is not a DeepSpeed checkpoint.
+        CheckpointError: ``checkpoint_dir`` is not a DeepSpeed checkpoint, or (with
+            ``weights_only``) a file in it holds other objects; the message names them.
     """
-    state, _ = _read_consolidated(Path(checkpoint_dir), tag)
+    state, _ = _read_consolidated(Path(checkpoint_dir), tag, weights_only)
     return save_checkpoint_file(state, output_file)
 
 
 def _next_tag(directory: Path) -> tuple[str | None, str]:
-    """The tag ``latest`` names now (or None) and the tag the next save writes.
-
-    A single-file checkpoint at ``directory`` (from an earlier evaluation run) is removed.
-    """
-    if directory.is_file():
-        directory.unlink()
+    """The tag ``latest`` names now (None: no finished checkpoint there) and the tag the
+    next save writes."""
     previous = _read_latest(directory)
     return previous, _TAGS[1] if previous == _TAGS[0] else _TAGS[0]
 
@@ -205,20 +240,27 @@ def _checkpoint_tag(directory: Path, tag: str | None) -> str:
             f"{str(directory)!r} is not a DeepSpeed checkpoint: it has no 'latest' file (a "
             "save that did not finish leaves none). Pass tag= to name the tag directory to read."
         )
+    if not (directory / found).is_dir():
+        raise CheckpointError(
+            f"{str(directory)!r} is not a complete DeepSpeed checkpoint: it has no tag "
+            f"directory {found!r}."
+        )
     return found
 
 
-def _load_model_states(directory: Path, tag: str) -> dict[str, Any]:
+def _load_model_states(directory: Path, tag: str, weights_only: bool) -> dict[str, Any]:
     files = sorted((directory / tag).glob("*model_states.pt"))
     if not files:
         raise CheckpointError(
             f"{str(directory / tag)!r} holds no DeepSpeed model states file (*model_states.pt)."
         )
-    try:
-        # DeepSpeed's own files hold pickled config objects; DeepSpeed reads them so too.
-        loaded = torch.load(files[0], map_location="cpu", weights_only=False)
-    except Exception as err:
-        raise CheckpointError(f"{str(files[0])!r} is not readable: {err}") from err
+    if weights_only:
+        loaded = load_deepspeed_file(files[0])
+    else:
+        try:
+            loaded = torch.load(files[0], map_location="cpu", weights_only=False)
+        except Exception as err:
+            raise CheckpointError(f"{str(files[0])!r} is not readable: {err}") from err
     if not isinstance(loaded, dict):
         raise CheckpointError(f"{str(files[0])!r} holds a {type(loaded).__name__}, not a dict.")
     return loaded

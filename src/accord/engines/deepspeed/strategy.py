@@ -374,13 +374,13 @@ class DeepSpeedStrategy(ParallelStrategy):
         During fit the engine restores its weights and optimizer state itself (every rank
         must call this); the returned ``state_dict`` and ``optimizer_states`` are
         placeholders for that. Otherwise the ZeRO shards are consolidated into a full
-        ``state_dict``. DeepSpeed reads its own shard files with pickle, so
-        ``weights_only`` applies to single files only.
+        ``state_dict``. With ``weights_only``, DeepSpeed's shards too are read without running code.
         """
         source = Path(path)
         if source.is_file():
             return super().load_checkpoint(source, weights_only=weights_only)
-        return ckpt.load_checkpoint_directory(source, self._engine if self._trains else None)
+        engine = self._engine if self._trains else None
+        return ckpt.load_checkpoint_directory(source, engine, weights_only=weights_only)
 
     @override
     def remove_checkpoint(self, path: str | Path) -> None:
