@@ -86,6 +86,7 @@ SUBMODULES = (
     "accord.core.parallel",
     "accord.core.lazy",
     "accord.core.one_device",
+    "accord.core.membership",
     "accord.engines.horovod.dtypes",
     "accord.engines.horovod.environment",
     "accord.engines.horovod.optimizer",

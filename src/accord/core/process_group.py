@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from typing_extensions import Self, override
 
-from accord.core.collective import Collective
+from accord.core.membership import MemberCollective
 from accord.core.rendezvous import init_group_on_shared_store
 from accord.errors import CollectiveError, ConfigurationError
 
@@ -90,7 +90,7 @@ class Rendezvous:
     init_method: str | None = None
 
 
-class ProcessGroupCollective(Collective):
+class ProcessGroupCollective(MemberCollective):
     """Base of the collectives whose ops run on a torch.distributed process group.
 
     Args:
@@ -123,33 +123,9 @@ class ProcessGroupCollective(Collective):
         self.timeout = as_timedelta(timeout)
         self._init_method = init_method
         self._group: ProcessGroup | None = None
-        self._ready = False
-        self._created = False
-        self._rank = -1
-        self._world_size = -1
+        super().__init__()
 
     # ----------------------------------------------------------------- identity
-    @property
-    @override
-    def rank(self) -> int:
-        self._require_setup("rank")
-        return self._rank
-
-    @property
-    @override
-    def world_size(self) -> int:
-        self._require_setup("world_size")
-        return self._world_size
-
-    @property
-    @override
-    def is_setup(self) -> bool:
-        return self._ready
-
-    @property
-    @override
-    def created_group(self) -> bool:
-        return self._created
 
     @property
     def backend(self) -> str:

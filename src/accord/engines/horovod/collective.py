@@ -34,7 +34,8 @@ from lightning_utilities.core.imports import RequirementCache
 from torch import nn
 from typing_extensions import Self, override
 
-from accord.core.collective import Collective, ReduceOp
+from accord.core.collective import ReduceOp
+from accord.core.membership import MemberCollective
 from accord.engines.horovod.dtypes import (
     MOVABLE_DTYPES,
     REDUCIBLE_DTYPES,
@@ -75,7 +76,7 @@ def _hvd() -> Any:
     return hvd
 
 
-class HorovodCollective(Collective):
+class HorovodCollective(MemberCollective):
     """Collective on `horovod.torch` (``hvd.allreduce``, ``hvd.broadcast``, ...).
 
     Ranks come from ``hvd.rank()``/``hvd.size()``; `local_rank`, `local_size` and
@@ -92,34 +93,10 @@ class HorovodCollective(Collective):
 
     def __init__(self) -> None:
         require_horovod("HorovodCollective")
-        self._ready = False
-        self._created = False
-        self._rank = -1
-        self._world_size = -1
+        super().__init__()
         self._calls = itertools.count()
 
     # ----------------------------------------------------------------- lifecycle
-    @property
-    @override
-    def rank(self) -> int:
-        self._require_setup("rank")
-        return self._rank
-
-    @property
-    @override
-    def world_size(self) -> int:
-        self._require_setup("world_size")
-        return self._world_size
-
-    @property
-    @override
-    def is_setup(self) -> bool:
-        return self._ready
-
-    @property
-    @override
-    def created_group(self) -> bool:
-        return self._created
 
     @property
     def local_rank(self) -> int:

@@ -43,7 +43,8 @@ import torch
 from lightning_utilities.core.imports import RequirementCache
 from typing_extensions import Self, override
 
-from accord.core.collective import Collective, ReduceOp
+from accord.core.collective import ReduceOp
+from accord.core.membership import MemberCollective
 from accord.errors import MissingDependencyError
 
 __all__ = [
@@ -113,7 +114,7 @@ def launch(tensors: Sequence[torch.Tensor] | None = None) -> None:
     del anchor
 
 
-class XLACollective(Collective):
+class XLACollective(MemberCollective):
     """Collective on torch_xla: ``xm.all_reduce``, ``xm.all_gather``, ``xm.reduce_scatter``,
     ``xm.all_to_all`` and ``xm.rendezvous``.
 
@@ -137,35 +138,11 @@ class XLACollective(Collective):
 
     def __init__(self) -> None:
         require_torch_xla("XLACollective")
-        self._ready = False
-        self._created = False
-        self._rank = -1
-        self._world_size = -1
+        super().__init__()
         self._device: torch.device | None = None
         self._shares_process = False
 
     # ----------------------------------------------------------------- lifecycle
-    @property
-    @override
-    def rank(self) -> int:
-        self._require_setup("rank")
-        return self._rank
-
-    @property
-    @override
-    def world_size(self) -> int:
-        self._require_setup("world_size")
-        return self._world_size
-
-    @property
-    @override
-    def is_setup(self) -> bool:
-        return self._ready
-
-    @property
-    @override
-    def created_group(self) -> bool:
-        return self._created
 
     @property
     def device(self) -> torch.device:
