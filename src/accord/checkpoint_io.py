@@ -30,8 +30,9 @@ __all__ = [
     "CHECKPOINT_FORMAT_VERSION",
     "DIRECTORY_FORMATS",
     "DirectoryReader",
-    "checkpoint_format",
     "check_format_version",
+    "checkpoint_format",
+    "fsync_path",
     "load_checkpoint_file",
     "read_checkpoint",
     "register_directory_reader",
@@ -100,14 +101,17 @@ def _write_atomically(path: str | Path, write: Callable[[BinaryIO], object]) -> 
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(target.parent)
+    fsync_path(target.parent)
     return target
 
 
-def _fsync_dir(directory: Path) -> None:
-    # Makes the rename itself durable; not every filesystem allows opening a directory.
+def fsync_path(path: str | Path) -> None:
+    """Flush a file, or a directory's entries (so a rename in it is durable), to disk.
+
+    Best effort: a filesystem that cannot open the path read-only, or flush it, is left as is.
+    """
     try:
-        fd = os.open(directory, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return
     try:

@@ -15,6 +15,8 @@ import shutil
 from collections.abc import Collection
 from pathlib import Path
 
+from accord.checkpoint_io import fsync_path
+
 __all__ = ["fsync_tree", "move_into_place", "remove_leftovers", "staging_path"]
 
 _SUFFIX = ".tmp"
@@ -72,23 +74,9 @@ def fsync_tree(directory: Path) -> None:
     """Flush every file under ``directory``, and the directories themselves, to disk."""
     for root, _, files in os.walk(directory):
         for name in files:
-            _fsync(Path(root) / name)
-        _fsync(Path(root))
-    _fsync(directory.parent)
-
-
-def _fsync(path: Path) -> None:
-    # Not every filesystem lets a directory be opened, or a file be flushed, read-only.
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+            fsync_path(Path(root) / name)
+        fsync_path(Path(root))
+    fsync_path(directory.parent)
 
 
 def move_into_place(staging: Path, target: Path) -> None:
@@ -102,7 +90,7 @@ def move_into_place(staging: Path, target: Path) -> None:
     if target.exists() or target.is_symlink():
         target.rename(aside)
     staging.rename(target)
-    _fsync(target.parent)
+    fsync_path(target.parent)
     _remove(aside)
 
 
