@@ -6,6 +6,8 @@ import os
 import traceback
 from collections.abc import Iterable, Sequence
 
+import torch
+
 from accord.testing.conformance.check import Check, CheckContext, CollectiveFactory, Mode
 from accord.testing.conformance.expect import BrokenContractError
 from accord.testing.conformance.report import ConformanceReport, Violation
@@ -46,15 +48,18 @@ def run_rank(
         return [violation("setup.identity", "setup() raised:\n" + traceback.format_exc())]
     ctx = CheckContext(collective, factory, rank, world_size)
     found: list[Violation] = []
+    # The checks' tensors are made on the device the backend moves data on (CUDA for
+    # nccl), since a GPU-only backend cannot reduce CPU tensors.
     try:
-        for check in checks:
-            try:
-                if check.applies(mode, collective.world_size):
-                    check.run(ctx)
-            except BrokenContractError as err:
-                found.append(violation(check.name, str(err)))
-            except Exception as err:
-                found.append(violation(check.name, f"raised {type(err).__name__}: {err}"))
+        with torch.device(collective.object_device):
+            for check in checks:
+                try:
+                    if check.applies(mode, collective.world_size):
+                        check.run(ctx)
+                except BrokenContractError as err:
+                    found.append(violation(check.name, str(err)))
+                except Exception as err:
+                    found.append(violation(check.name, f"raised {type(err).__name__}: {err}"))
     finally:
         collective.teardown()
     return found
