@@ -4,10 +4,9 @@ Real runs over gloo: a fit of 2 epochs with Adam and an epoch LR scheduler is sa
 FSDP x2 (sharded) and under DeepSpeed ZeRO-2 x2, then resumed for 2 more epochs under DDP x2
 and on one device, and compared with a run that was never interrupted. The global batch is
 the same everywhere (2 ranks x 16, or 32 on one device), so the runs take the same steps.
-The DeepSpeed resume runs once the DeepSpeed engine registers a reader for its directories
-(`accord.checkpoint_io.register_directory_reader`); until then the test is skipped and the
-error a user sees is checked instead. Also: FSDP resumes plain SGD (an optimizer without state), and the errors for a directory
-where a file is expected, a model that does not match, and a newer checkpoint format.
+The DeepSpeed engine's reader merges the ZeRO-2 partitions of the Adam moments. Also: FSDP
+resumes plain SGD (an optimizer without state), and the errors for a directory where a file
+is expected, a model that does not match, and a newer checkpoint format.
 """
 
 from __future__ import annotations
@@ -192,12 +191,7 @@ def _ddp_resume(rank: int, world_size: int, path: Path) -> dict[str, torch.Tenso
 def test_a_deepspeed_checkpoint_resumes_under_ddp_and_on_one_device(
     deepspeed_checkpoint: Path, fsdp_runs: tuple[Path, list[dict[str, Any]]]
 ) -> None:
-    try:
-        checkpoint = read_checkpoint(deepspeed_checkpoint)
-    except CheckpointError as err:
-        if "cannot read outside its own strategy" not in str(err):
-            raise
-        pytest.skip("the DeepSpeed engine registers no reader for its directories yet")
+    checkpoint = read_checkpoint(deepspeed_checkpoint)
     (optimizer,) = checkpoint["optimizer_states"]
     assert all("exp_avg_sq" in state for state in optimizer["state"].values())
     expected = fsdp_runs[1][0]["uninterrupted"]

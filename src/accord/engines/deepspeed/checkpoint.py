@@ -10,7 +10,9 @@ switching ``latest`` over atomically once every rank is done, and only then remo
 previous tag. The ranks keep step through the strategy's ``broadcast`` and ``barrier``,
 that is, through its collective. Loading reads every file with ``weights_only=True``
 (`accord.engines.deepspeed.safe_load`) unless the caller trusts the checkpoint.
-`consolidate_deepspeed_checkpoint` turns a directory into one plain state dict file, offline.
+`consolidate_deepspeed_checkpoint` turns a directory into one plain state dict file, offline;
+`read_deepspeed_whole`, registered with `accord.checkpoint_io`, reads one whole (weights,
+Trainer state and, for ZeRO-1/2, the merged optimizer state) so other strategies resume from it.
 """
 
 from __future__ import annotations
@@ -18,14 +20,20 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 
-from accord.checkpoint_io import save_checkpoint_file, write_bytes_atomically
+from accord.checkpoint_io import (
+    check_format_version,
+    register_directory_reader,
+    save_checkpoint_file,
+    write_bytes_atomically,
+)
 from accord.core.strategy import Strategy
-from accord.engines.deepspeed import staging
+from accord.engines.deepspeed import staging, whole
 from accord.engines.deepspeed.collective import import_deepspeed
 from accord.engines.deepspeed.safe_load import (
     check_tag_files,
@@ -38,6 +46,7 @@ __all__ = [
     "EngineState",
     "consolidate_deepspeed_checkpoint",
     "load_checkpoint_directory",
+    "read_deepspeed_whole",
     "save_engine_checkpoint",
     "strip_step_prefix",
 ]
@@ -136,6 +145,7 @@ def load_checkpoint_directory(
             "consolidate it with consolidate_deepspeed_checkpoint() and load the weights."
         )
     checkpoint = dict(client[_CLIENT_KEY])
+    check_format_version(checkpoint, source)
     checkpoint["state_dict"] = EngineState()
     checkpoint["optimizer_states"] = [EngineState()]
     return checkpoint
@@ -176,19 +186,68 @@ def _read_consolidated(
     tag = _checkpoint_tag(directory, tag)
     if weights_only:
         check_tag_files(directory / tag)
-    zero_to_fp32 = import_deepspeed(
-        "deepspeed.utils.zero_to_fp32", feature="consolidate_deepspeed_checkpoint"
-    )
-    try:
-        state = dict(zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=tag))
-    except (FileNotFoundError, ValueError, KeyError) as err:
-        raise CheckpointError(
-            f"{str(directory)!r} could not be consolidated (not a ZeRO checkpoint?): {err}"
-        ) from err
+    state = _consolidate(directory, tag)
     states = _load_model_states(directory, tag, weights_only)
     if _CLIENT_KEY not in states:
         return state, {}
     return strip_step_prefix(state), dict(states[_CLIENT_KEY])
+
+
+def _consolidate(directory: Path, tag: str) -> dict[str, Any]:
+    zero_to_fp32 = import_deepspeed(
+        "deepspeed.utils.zero_to_fp32", feature="consolidate_deepspeed_checkpoint"
+    )
+    try:
+        return dict(zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=tag))
+    except (FileNotFoundError, ValueError, KeyError) as err:
+        raise CheckpointError(
+            f"{str(directory)!r} could not be consolidated (not a ZeRO checkpoint?): {err}"
+        ) from err
+
+
+def read_deepspeed_whole(path: Path, weights_only: bool = True) -> dict[str, Any]:
+    """Read the DeepSpeed checkpoint directory ``path`` whole, in this process alone.
+
+    Registered with `accord.checkpoint_io`, so DDP, one device and FSDP resume from it. Its
+    ``state_dict`` holds the full fp32 weights under the user's module's names; for ZeRO-1
+    and ZeRO-2 its one optimizer state is every rank's partition merged into a plain
+    ``optimizer.state_dict()`` (`accord.engines.deepspeed.whole`). A ZeRO-3 checkpoint
+    comes with its weights and no optimizer state, and a warning says so (its message is
+    kept under ``optimizer_states_missing``, for the error a fit from it raises). With
+    ``weights_only`` (the default) nothing in the directory can run code.
+
+    Raises:
+        CheckpointError: not a finished DeepSpeed checkpoint; one from a newer accord; a
+            file that holds objects ``weights_only`` refuses; optimizer partitions that do
+            not fit the parameters.
+    """
+    tag = _checkpoint_tag(path, None)
+    if weights_only:
+        check_tag_files(path / tag)
+    states = _load_model_states(path, tag, weights_only)
+    checkpoint = dict(states.get(_CLIENT_KEY, {}))
+    check_format_version(checkpoint, path)
+    weights = _consolidate(path, tag)
+    checkpoint["state_dict"] = strip_step_prefix(weights) if _CLIENT_KEY in states else weights
+    optimizers = [_load_file(file, weights_only) for file in whole.optimizer_files(path / tag)]
+    try:
+        partitions = [loaded["optimizer_state_dict"] for loaded in optimizers]
+        stage = int(partitions[0]["zero_stage"])
+        if stage >= 3:
+            message = whole.ZERO3_OPTIMIZER_MESSAGE.format(path=repr(str(path)))
+            warnings.warn(message, stacklevel=2)
+            checkpoint["optimizer_states"] = []
+            checkpoint["optimizer_states_missing"] = message
+            return checkpoint
+        base = [partition["base_optimizer_state"] for partition in partitions]
+        merged = whole.merge_zero_optimizer_states(states["param_shapes"], base, path)
+    except (KeyError, TypeError, IndexError) as err:
+        raise CheckpointError(
+            f"{str(path / tag)!r} holds ZeRO optimizer states in a layout this accord does "
+            f"not read (missing {err}); resume from it with a DeepSpeed strategy."
+        ) from err
+    checkpoint["optimizer_states"] = [merged]
+    return checkpoint
 
 
 def consolidate_deepspeed_checkpoint(
@@ -254,13 +313,20 @@ def _load_model_states(directory: Path, tag: str, weights_only: bool) -> dict[st
         raise CheckpointError(
             f"{str(directory / tag)!r} holds no DeepSpeed model states file (*model_states.pt)."
         )
+    return _load_file(files[0], weights_only)
+
+
+def _load_file(file: Path, weights_only: bool) -> dict[str, Any]:
     if weights_only:
-        loaded = load_deepspeed_file(files[0])
+        loaded = load_deepspeed_file(file)
     else:
         try:
-            loaded = torch.load(files[0], map_location="cpu", weights_only=False)
+            loaded = torch.load(file, map_location="cpu", weights_only=False)
         except Exception as err:
-            raise CheckpointError(f"{str(files[0])!r} is not readable: {err}") from err
+            raise CheckpointError(f"{str(file)!r} is not readable: {err}") from err
     if not isinstance(loaded, dict):
-        raise CheckpointError(f"{str(files[0])!r} holds a {type(loaded).__name__}, not a dict.")
+        raise CheckpointError(f"{str(file)!r} holds a {type(loaded).__name__}, not a dict.")
     return loaded
+
+
+register_directory_reader("deepspeed", read_deepspeed_whole)
