@@ -55,8 +55,10 @@ _HOW_TO_READ = {
         "torch.distributed.checkpoint.format_utils.dcp_to_torch_save."
     ),
     "deepspeed": (
-        "Resume from it with strategy='deepspeed_stage_2' or '_3', or turn it into one file "
-        "of weights with accord.strategies.consolidate_deepspeed_checkpoint(directory, file)."
+        "Resume from it with any strategy (ckpt_path=...; the optimizer state of ZeRO stages "
+        "1 and 2 comes along, that of stage 3 only under strategy='deepspeed_stage_3'), or "
+        "turn it into one file of weights with "
+        "accord.strategies.consolidate_deepspeed_checkpoint(directory, file)."
     ),
 }
 
