@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from accord.callbacks.model_checkpoint import ModelCheckpoint
 from accord.errors import CheckpointError
 from accord.trainer.optimizers import step_schedulers
 from accord.trainer.state import RunState
@@ -55,26 +56,71 @@ def checkpoint_state(trainer: Trainer, state: RunState) -> dict[str, Any]:
 
 
 def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | Path) -> Path:
-    """``ckpt_path`` itself, or for ``"last"`` the newest checkpoint where they are saved.
+    """The checkpoint ``ckpt_path`` names: a path, ``"last"`` or ``"best"``.
+
+    ``"last"`` is the newest finished checkpoint in the `ModelCheckpoint` callbacks'
+    directories (``<default_root_dir>/checkpoints`` without one); ``"best"`` is the first
+    `ModelCheckpoint`'s ``best_model_path``.
 
     Raises:
-        CheckpointError: ``"last"`` but there is no checkpoint.
+        CheckpointError: ``"last"`` but there is no finished checkpoint; ``"best"`` but
+            there is no `ModelCheckpoint`, or it has saved nothing yet.
     """
+    if str(ckpt_path) == "best":
+        return _best(trainer)
     if str(ckpt_path) != "last":
         return Path(ckpt_path)
-    callback = trainer.checkpoint_callback
-    directory = (
-        callback.dirpath
-        if callback is not None and callback.dirpath is not None
-        else trainer.default_root_dir / "checkpoints"
-    )
-    candidates = sorted(Path(directory).glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
+    callbacks = [c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)]
+    directories = [Path(c.dirpath) for c in callbacks if c.dirpath is not None] or [
+        Path(trainer.default_root_dir) / "checkpoints"
+    ]
+    candidates = [
+        entry
+        for directory in dict.fromkeys(directories)
+        for entry in (directory.glob("*.ckpt") if directory.is_dir() else ())
+        if _finished(entry)
+    ]
     if not candidates:
+        where = ", ".join(repr(str(d)) for d in dict.fromkeys(directories))
         raise CheckpointError(
-            f"ckpt_path='last' but there is no checkpoint in {str(directory)!r}. Train "
-            "first, or pass the path of a checkpoint."
+            f"ckpt_path='last' but there is no checkpoint in {where}. Train first, or pass "
+            "the path of a checkpoint."
         )
-    return candidates[-1]
+    return max(candidates, key=lambda p: p.stat().st_mtime)
+
+
+def _finished(entry: Path) -> bool:
+    """Whether ``entry`` is a checkpoint whose save finished.
+
+    A file is (files are renamed into place whole), a hidden name never is (a save's
+    staging). A directory is once the file its writer writes last is there: FSDP's
+    ``accord_meta.pt``, DeepSpeed's ``latest``.
+    """
+    if entry.name.startswith("."):
+        return False
+    if entry.is_file():
+        return True
+    return entry.is_dir() and any((entry / name).is_file() for name in _FINISHED_MARKERS)
+
+
+_FINISHED_MARKERS = ("accord_meta.pt", "latest")
+
+
+def _best(trainer: Trainer) -> Path:
+    callback = trainer.checkpoint_callback
+    if callback is None:
+        raise CheckpointError(
+            "ckpt_path='best' needs a ModelCheckpoint callback, and this Trainer has none "
+            "(enable_checkpointing=False?). Add ModelCheckpoint(monitor=...) to callbacks, or "
+            "pass the path of a checkpoint."
+        )
+    if not callback.best_model_path:
+        raise CheckpointError(
+            "ckpt_path='best' but the ModelCheckpoint has no best checkpoint yet: it is set "
+            "when this Trainer's fit saves one (a new Trainer does not know an earlier run's). "
+            "Fit first with this Trainer, or pass the path of a checkpoint."
+        )
+    return Path(callback.best_model_path)
 
 
 def restore(trainer: Trainer, state: RunState, ckpt_path: str | Path, stage: str) -> None:

@@ -220,7 +220,11 @@ class Trainer:
         val_dataloaders: Iterable[Any] | None = None,
         ckpt_path: str | Path | None = None,
     ) -> None:
-        """Train ``model``; resume from ``ckpt_path`` (a file, or ``"last"``) when given.
+        """Train ``model``; resume from ``ckpt_path`` when given.
+
+        ``ckpt_path`` is a path, ``"last"`` (the newest finished checkpoint in the
+        `ModelCheckpoint` directories) or ``"best"`` (the `ModelCheckpoint`'s
+        ``best_model_path``, set by this Trainer's fit).
 
         Under ``ddp_spawn``/``ddp_fork`` the training runs in child processes; afterwards
         ``model`` holds rank zero's trained weights.
@@ -237,7 +241,11 @@ class Trainer:
         dataloaders: Iterable[Any] | None = None,
         ckpt_path: str | Path | None = None,
     ) -> list[dict[str, float]]:
-        """Run one validation pass; return its epoch metrics."""
+        """Run one validation pass; return its epoch metrics.
+
+        With ``ckpt_path`` (a path, ``"last"`` or ``"best"``, as in `fit`) the weights
+        are loaded from that checkpoint first.
+        """
         loader = dataloaders or module_loader(model, "val_dataloader")
         result: list[dict[str, float]] = self._launch("validate", model, None, loader, ckpt_path)
         return result
@@ -248,7 +256,7 @@ class Trainer:
         dataloaders: Iterable[Any] | None = None,
         ckpt_path: str | Path | None = None,
     ) -> list[dict[str, float]]:
-        """Run one test pass; return its epoch metrics."""
+        """Run one test pass; return its epoch metrics (``ckpt_path`` as in `validate`)."""
         loader = dataloaders or module_loader(model, "test_dataloader")
         result: list[dict[str, float]] = self._launch("test", model, None, loader, ckpt_path)
         return result
@@ -259,7 +267,10 @@ class Trainer:
         dataloaders: Iterable[Any] | None = None,
         ckpt_path: str | Path | None = None,
     ) -> list[Any]:
-        """Return ``predict_step``'s output for every batch (this rank's share of the data)."""
+        """Return ``predict_step``'s output for every batch (this rank's share of the data).
+
+        ``ckpt_path`` as in `validate`.
+        """
         loader = dataloaders or module_loader(model, "predict_dataloader")
         result: list[Any] = self._launch("predict", model, None, loader, ckpt_path)
         return result
