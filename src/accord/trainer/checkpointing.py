@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from accord.callbacks.model_checkpoint import ModelCheckpoint
+from accord.checkpoint_io import CHECKPOINT_FORMAT_VERSION
 from accord.errors import CheckpointError
 from accord.trainer.optimizers import step_schedulers
 from accord.trainer.state import RunState
@@ -21,8 +22,9 @@ if TYPE_CHECKING:
 
 __all__ = ["CHECKPOINT_VERSION", "checkpoint_state", "resolve_ckpt_path", "restore"]
 
-CHECKPOINT_VERSION = 1
-"""The layout version written as ``accord_checkpoint_version``."""
+CHECKPOINT_VERSION = CHECKPOINT_FORMAT_VERSION
+"""The layout version written as ``accord_checkpoint_version`` (one number with
+`accord.checkpoint_io.CHECKPOINT_FORMAT_VERSION`, which loading checks)."""
 
 
 def checkpoint_state(trainer: Trainer, state: RunState) -> dict[str, Any]:
@@ -151,9 +153,12 @@ def restore(trainer: Trainer, state: RunState, ckpt_path: str | Path, stage: str
         return
     states = checkpoint.get("optimizer_states", [])
     if len(states) != len(state.optimizers):
+        # A reader that could not bring the optimizer state along says why and what to do.
+        missing = checkpoint.get("optimizer_states_missing")
         raise CheckpointError(
             f"{str(path)!r} holds {len(states)} optimizer state(s) but "
             f"configure_optimizers() returned {len(state.optimizers)}."
+            + (f" {missing}" if missing else "")
         )
     for optimizer, optimizer_state in zip(state.optimizers, states, strict=True):
         strategy.load_optimizer_state_dict(optimizer, optimizer_state)
