@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import shutil
 import tempfile
 import zipfile
 from collections.abc import Callable
@@ -36,6 +37,7 @@ __all__ = [
     "load_checkpoint_file",
     "read_checkpoint",
     "register_directory_reader",
+    "remove_checkpoint_path",
     "save_checkpoint_file",
     "write_bytes_atomically",
 ]
@@ -105,6 +107,23 @@ def _write_atomically(path: str | Path, write: Callable[[BinaryIO], object]) -> 
         raise
     fsync_path(target.parent)
     return target
+
+
+def remove_checkpoint_path(path: str | Path) -> None:
+    """Delete a checkpoint file or directory, if there is one.
+
+    A directory is first renamed to a hidden ``.<name>.removing.tmp``, so a crash in the
+    middle of the delete never leaves part of a checkpoint under its own name; the next
+    save's clean-up removes what is left.
+    """
+    target = Path(path)
+    if target.is_dir() and not target.is_symlink():
+        doomed = target.with_name(f".{target.name}.removing.tmp")
+        shutil.rmtree(doomed, ignore_errors=True)
+        target.rename(doomed)
+        shutil.rmtree(doomed)
+    else:
+        target.unlink(missing_ok=True)
 
 
 def fsync_path(path: str | Path) -> None:

@@ -236,3 +236,20 @@ def test_last_never_picks_an_unfinished_checkpoint(tmp_path: Path) -> None:
     resumed = _trainer(tmp_path, max_epochs=2)
     resumed.fit(LinearModel(), loader(batch_size=64), ckpt_path="last")
     assert resumed.global_step == 8
+
+
+def test_a_directory_checkpoint_leaves_its_name_before_it_is_deleted(tmp_path: Path) -> None:
+    from accord.checkpoint_io import remove_checkpoint_path
+
+    directory = tmp_path / "ckpt"
+    doomed = directory / "epoch=0-step=4.ckpt"
+    (doomed / "checkpoint-0").mkdir(parents=True)
+    (doomed / "latest").write_text("checkpoint-0")
+    # What a delete killed halfway leaves: the rest under a hidden name, not under its own.
+    (directory / ".epoch=1-step=8.ckpt.removing.tmp" / "checkpoint-0").mkdir(parents=True)
+    remove_checkpoint_path(doomed)
+    assert sorted(p.name for p in directory.iterdir()) == [".epoch=1-step=8.ckpt.removing.tmp"]
+    remove_checkpoint_path(directory / "no-such.ckpt")  # nothing there: nothing to do
+    callback = accord.callbacks.ModelCheckpoint(dirpath=directory)
+    _trainer(tmp_path, max_epochs=1, callbacks=[callback]).fit(LinearModel(), loader(64))
+    assert sorted(p.name for p in directory.iterdir()) == ["epoch=0-step=4.ckpt"]

@@ -20,7 +20,6 @@ building the registry never import it. How the Trainer's loop maps onto the engi
 from __future__ import annotations
 
 import contextlib
-import shutil
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -31,6 +30,7 @@ from torch import nn
 from typing_extensions import override
 
 from accord.accelerators.accelerator import Accelerator
+from accord.checkpoint_io import remove_checkpoint_path
 from accord.core.collective import Collective
 from accord.core.parallel import ParallelStrategy, StartMethod
 from accord.core.step_module import StepModule
@@ -389,7 +389,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         if not target.is_dir():
             super().remove_checkpoint(target)
         elif self.local_rank == 0:
-            shutil.rmtree(target, ignore_errors=True)
+            remove_checkpoint_path(target)
 
     @override
     def __repr__(self) -> str:

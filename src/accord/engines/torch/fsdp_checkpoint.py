@@ -14,7 +14,6 @@ strategy that does not shard (DDP, one device) resumes from a sharded checkpoint
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +24,7 @@ from torch import nn
 from accord.checkpoint_io import (
     load_checkpoint_file,
     register_directory_reader,
+    remove_checkpoint_path,
     save_checkpoint_file,
 )
 from accord.core.strategy import Strategy
@@ -222,11 +222,8 @@ def name_parameters(
 
 
 def remove_path(path: Path) -> None:
-    """Delete a checkpoint file or directory, if there is one."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink(missing_ok=True)
+    """Delete a checkpoint file or directory, if there is one (`remove_checkpoint_path`)."""
+    remove_checkpoint_path(path)
 
 
 def _replace(source: Path, target: Path) -> None:
