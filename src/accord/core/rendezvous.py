@@ -11,6 +11,7 @@ long as an op's timeout.
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -133,6 +134,7 @@ def _wait_for_every_rank(
         store.wait(["all_arrived"], wait)
     except dist.DistError as err:
         missing = _missing_ranks(store, world_size)
+        _leave_together(store, rank, wait)
         if missing:
             ranks = "rank" if len(missing) == 1 else "ranks"
             who = f"{ranks} {', '.join(map(str, missing))} of {world_size} did not arrive"
@@ -147,6 +149,26 @@ def _wait_for_every_rank(
             rank=rank,
             missing_ranks=missing,
         ) from err
+
+
+def _leave_together(store: Any, rank: int, wait: timedelta) -> None:
+    """Keep rank 0's store up until every rank that arrived has read who is missing.
+
+    Rank 0 serves the store and its process ends with the error; a rank that gave up a
+    moment later would otherwise find the store gone and could not name the missing ranks.
+    """
+    import torch.distributed as dist
+
+    try:
+        if rank != 0:
+            store.add("gave_up", 1)
+            return
+        arrived = int(store.add("arrived", 0))
+        deadline = time.monotonic() + wait.total_seconds()
+        while int(store.add("gave_up", 0)) < arrived - 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    except dist.DistError:
+        return  # rank 0 has gone already
 
 
 def _missing_ranks(store: Any, world_size: int) -> list[int]:
