@@ -1,9 +1,10 @@
 """accord: a PyTorch trainer whose training strategies each own a composed collective."""
 
+from accord.datamodule import DataModule
 from accord.module import Module
 from accord.seed import seed_everything
 from accord.trainer.trainer import Trainer
 
 __version__ = "0.1.0"
 
-__all__ = ["Module", "Trainer", "__version__", "seed_everything"]
+__all__ = ["DataModule", "Module", "Trainer", "__version__", "seed_everything"]

@@ -7,22 +7,39 @@ return forms), the ``on_*`` hooks, ``self.log`` and ``self.log_dict`` keep their
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import inspect
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from typing_extensions import Self
 
-from accord.errors import ConfigurationError
+from accord.checkpoint_io import read_checkpoint
+from accord.errors import CheckpointError, ConfigurationError
 
 if TYPE_CHECKING:
     from accord.trainer.trainer import Trainer
 
-__all__ = ["Module", "OptimizerConfig"]
+__all__ = ["AttributeDict", "Module", "OptimizerConfig"]
 
 OptimizerConfig = Any
 """What ``configure_optimizers`` may return: an optimizer, a list of them, a
 ``(optimizers, schedulers)`` pair, or a dict ``{"optimizer": ..., "lr_scheduler": ...}``."""
+
+
+class AttributeDict(dict[str, Any]):
+    """A dict whose keys read as attributes too: ``hparams.lr`` is ``hparams["lr"]``."""
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(f"No hyperparameter {key!r}; saved: {sorted(self)}.") from None
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        self[key] = value
 
 
 class Module(nn.Module):
@@ -31,6 +48,113 @@ class Module(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self._owner: Trainer | None = None
+        self._hparams = AttributeDict()
+
+    # ---------------------------------------------------------- hyperparameters
+    @property
+    def hparams(self) -> AttributeDict:
+        """The hyperparameters `save_hyperparameters` recorded (empty until it is called)."""
+        return self._hparams
+
+    def save_hyperparameters(self, *args: Any, ignore: str | Sequence[str] | None = None) -> None:
+        """Record the ``__init__`` arguments as ``self.hparams``, as Lightning does.
+
+        Call it in ``__init__``. Without ``args`` every argument of the ``__init__`` that
+        calls it is recorded; with names (``save_hyperparameters("lr", "width")``) only
+        those; with one dict, that dict. The Trainer stores them in every checkpoint (under
+        ``"hyper_parameters"``) and gives them to its loggers at the start of ``fit``;
+        `load_from_checkpoint` passes them back to ``__init__``. Keep them to plain values
+        (numbers, strings, lists, dicts, tensors): checkpoints load with
+        ``weights_only=True``, which refuses other objects.
+
+        Args:
+            args: argument names to record, or one dict to record as it is.
+            ignore: argument names to leave out (a module or a dataset passed in, say).
+
+        Raises:
+            ConfigurationError: a name that is not an argument of the calling ``__init__``,
+                or a call from outside a function.
+        """
+        skip = {ignore} if isinstance(ignore, str) else set(ignore or ())
+        if len(args) == 1 and isinstance(args[0], Mapping):
+            self._hparams.update({k: v for k, v in args[0].items() if k not in skip})
+            return
+        frame = inspect.currentframe()
+        caller = frame.f_back if frame is not None else None
+        if caller is None:
+            raise ConfigurationError(
+                "save_hyperparameters() could not see its caller; pass the values as a dict."
+            )
+        try:
+            code = caller.f_code
+            count = code.co_argcount + code.co_kwonlyargcount
+            names = list(code.co_varnames[1:count])  # the first is self
+            if code.co_flags & inspect.CO_VARARGS:
+                names.append(code.co_varnames[count])
+                count += 1
+            varkw = code.co_varnames[count] if code.co_flags & inspect.CO_VARKEYWORDS else None
+            init_args: dict[str, Any] = {name: caller.f_locals.get(name) for name in names}
+            if varkw is not None:
+                init_args.update(caller.f_locals.get(varkw) or {})
+        finally:
+            del frame, caller
+        wanted = [str(a) for a in args] if args else list(init_args)
+        unknown = [name for name in wanted if name not in init_args]
+        if unknown:
+            raise ConfigurationError(
+                f"save_hyperparameters({', '.join(map(repr, unknown))}): not an argument of "
+                f"{type(self).__name__}.__init__ (its arguments: {sorted(init_args)})."
+            )
+        self._hparams.update({k: init_args[k] for k in wanted if k not in skip})
+
+    @classmethod
+    def load_from_checkpoint(
+        cls,
+        checkpoint_path: str | Path,
+        *,
+        map_location: str | torch.device | None = None,
+        strict: bool = True,
+        weights_only: bool = True,
+        **overrides: Any,
+    ) -> Self:
+        """Build the module from a checkpoint's hyperparameters and load its weights.
+
+        ``cls(**hyperparameters, **overrides)`` is built with what `save_hyperparameters`
+        recorded (``overrides`` replace or add arguments), then the checkpoint's weights
+        are loaded into it. The file (or a directory FSDP or DeepSpeed wrote) is read as
+        every accord checkpoint is: with ``weights_only=True`` unless you pass False for a
+        checkpoint you trust.
+
+        Args:
+            checkpoint_path: a checkpoint file or directory the Trainer wrote.
+            map_location: the device to put the weights on (default: where ``cls`` builds
+                them, the CPU).
+            strict: the checkpoint's keys must match the module's exactly.
+            weights_only: as in `torch.load`; False runs the pickled objects' code.
+            overrides: ``__init__`` arguments to use instead of (or besides) the saved ones.
+
+        Raises:
+            CheckpointError: nothing readable at the path, or weights that do not fit.
+        """
+        checkpoint = read_checkpoint(checkpoint_path, weights_only=weights_only)
+        if "state_dict" not in checkpoint:
+            raise CheckpointError(
+                f"{str(checkpoint_path)!r} is not an accord checkpoint (no 'state_dict')."
+            )
+        hparams = dict(checkpoint.get("hyper_parameters") or {})
+        model = cls(**{**hparams, **overrides})
+        try:
+            model.load_state_dict(checkpoint["state_dict"], strict=strict)
+        except RuntimeError as err:
+            raise CheckpointError(
+                f"{str(checkpoint_path)!r} does not fit {cls.__name__}"
+                f"({', '.join(f'{k}={v!r}' for k, v in {**hparams, **overrides}.items())}): "
+                f"it was saved from a different model or configuration.\n{err}"
+            ) from err
+        if map_location is not None:
+            model.to(map_location)
+        model.on_load_checkpoint(checkpoint)
+        return model
 
     # ------------------------------------------------------------------ context
     @property

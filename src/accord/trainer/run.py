@@ -11,6 +11,7 @@ import torch
 from lightning_utilities.core.rank_zero import rank_zero_only
 
 from accord.core.strategy import RunSettings
+from accord.datamodule import datamodule_loaders
 from accord.module import Module
 from accord.trainer.checkpointing import restore
 from accord.trainer.data import prepare_loader
@@ -65,8 +66,12 @@ def run_stage(
         )
     )
     state.metrics = MetricStore()
+    trainer.logger_step = trainer.global_step
+    datamodule = trainer.datamodule
     try:
         call_callbacks(trainer, "setup", stage)
+        if datamodule is not None:
+            train_loader, eval_loader = datamodule_loaders(trainer, model, datamodule, stage)
         model.setup(stage)
         state.wrapped = strategy.setup_module(model)
         if stage == "fit":
@@ -74,6 +79,9 @@ def run_stage(
             state.optimizers = strategy.setup_optimizers(state.wrapped, optimizers)
         if ckpt_path is not None:
             restore(trainer, state, ckpt_path, stage)
+        if stage == "fit" and model.hparams:
+            for logger in rank_zero_loggers(trainer):
+                logger.log_hyperparams(dict(model.hparams))
         result = _dispatch(trainer, state, stage, train_loader, eval_loader)
         if trainer.profiler == "collectives":
             trainer.collective_stats_by_rank = strategy.gather_collective_stats()
@@ -89,6 +97,8 @@ def run_stage(
         raise
     finally:
         model.teardown(stage)
+        if datamodule is not None:
+            datamodule.teardown(stage)
         call_callbacks(trainer, "teardown", stage)
         state.wrapped = None
         strategy.teardown()

@@ -19,6 +19,7 @@ from accord.accelerators.accelerator import Accelerator, DevicesLike
 from accord.callbacks.callback import Callback
 from accord.callbacks.model_checkpoint import ModelCheckpoint
 from accord.core.strategy import Strategy
+from accord.datamodule import DataModule, check_datamodule, warn_unused_val_loader
 from accord.errors import ConfigurationError
 from accord.loggers.logger import Logger
 from accord.module import Module
@@ -143,6 +144,10 @@ class Trainer:
         self.has_validation = False
         self.num_training_batches = 0
         self.num_eval_batches = 0
+        self.datamodule: DataModule | None = None
+        # The step the loggers record: optimizer steps done before the current batch,
+        # so the first logged step is 0 as in Lightning.
+        self.logger_step = 0
         self._state = RunState()
 
     # ------------------------------------------------------------------ identity
@@ -182,6 +187,13 @@ class Trainer:
         return self.loggers[0] if self.loggers else None
 
     @property
+    def log_dir(self) -> Path:
+        """The first logger's run directory (``<root>/logs/version_N``), or
+        ``default_root_dir`` without a logger."""
+        logger = self.logger
+        return logger.log_dir if logger is not None else self.default_root_dir
+
+    @property
     def metric_store(self) -> MetricStore:
         """Where the running module's ``self.log`` records its values."""
         return self._state.metrics
@@ -216,9 +228,11 @@ class Trainer:
     def fit(
         self,
         model: Module,
-        train_dataloaders: Iterable[Any] | None = None,
+        train_dataloaders: Iterable[Any] | DataModule | None = None,
         val_dataloaders: Iterable[Any] | None = None,
         ckpt_path: str | Path | None = None,
+        *,
+        datamodule: DataModule | None = None,
     ) -> None:
         """Train ``model``; resume from ``ckpt_path`` when given.
 
@@ -226,52 +240,72 @@ class Trainer:
         `ModelCheckpoint` directories) or ``"best"`` (the `ModelCheckpoint`'s
         ``best_model_path``, set by this Trainer's fit).
 
+        With ``datamodule`` (a `DataModule`, also accepted in place of
+        ``train_dataloaders``) the loaders come from it, on each rank, after its
+        ``prepare_data`` and ``setup("fit")``.
+
         Under ``ddp_spawn``/``ddp_fork`` the training runs in child processes; afterwards
         ``model`` holds rank zero's trained weights.
         """
-        if train_dataloaders is None:
-            train_dataloaders = module_loader(model, "train_dataloader")
-        if val_dataloaders is None and overrides(model, "validation_step"):
-            val_dataloaders = module_loader(model, "val_dataloader", required=False)
+        if isinstance(train_dataloaders, DataModule):
+            datamodule = check_datamodule("fit", datamodule, None, train_dataloaders)
+            train_dataloaders = None
+        self.datamodule = check_datamodule("fit", train_dataloaders, val_dataloaders, datamodule)
+        if self.datamodule is None:
+            if train_dataloaders is None:
+                train_dataloaders = module_loader(model, "train_dataloader")
+            if val_dataloaders is None and overrides(model, "validation_step"):
+                val_dataloaders = module_loader(model, "val_dataloader", required=False)
+            elif val_dataloaders is not None and not overrides(model, "validation_step"):
+                warn_unused_val_loader(model)
+                val_dataloaders = None
         self._launch("fit", model, train_dataloaders, val_dataloaders, ckpt_path)
 
     def validate(
         self,
         model: Module,
-        dataloaders: Iterable[Any] | None = None,
+        dataloaders: Iterable[Any] | DataModule | None = None,
         ckpt_path: str | Path | None = None,
+        *,
+        datamodule: DataModule | None = None,
     ) -> list[dict[str, float]]:
         """Run one validation pass; return its epoch metrics.
 
         With ``ckpt_path`` (a path, ``"last"`` or ``"best"``, as in `fit`) the weights
-        are loaded from that checkpoint first.
+        are loaded from that checkpoint first. With ``datamodule`` (also accepted in place
+        of ``dataloaders``) the loader is its ``val_dataloader()``, after its ``setup``.
         """
-        loader = dataloaders or module_loader(model, "val_dataloader")
+        loader = self._eval_loader("validate", model, dataloaders, datamodule)
         result: list[dict[str, float]] = self._launch("validate", model, None, loader, ckpt_path)
         return result
 
     def test(
         self,
         model: Module,
-        dataloaders: Iterable[Any] | None = None,
+        dataloaders: Iterable[Any] | DataModule | None = None,
         ckpt_path: str | Path | None = None,
+        *,
+        datamodule: DataModule | None = None,
     ) -> list[dict[str, float]]:
-        """Run one test pass; return its epoch metrics (``ckpt_path`` as in `validate`)."""
-        loader = dataloaders or module_loader(model, "test_dataloader")
+        """Run one test pass; return its epoch metrics (``ckpt_path`` and ``datamodule`` as
+        in `validate`)."""
+        loader = self._eval_loader("test", model, dataloaders, datamodule)
         result: list[dict[str, float]] = self._launch("test", model, None, loader, ckpt_path)
         return result
 
     def predict(
         self,
         model: Module,
-        dataloaders: Iterable[Any] | None = None,
+        dataloaders: Iterable[Any] | DataModule | None = None,
         ckpt_path: str | Path | None = None,
+        *,
+        datamodule: DataModule | None = None,
     ) -> list[Any]:
         """Return ``predict_step``'s output for every batch (this rank's share of the data).
 
-        ``ckpt_path`` as in `validate`.
+        ``ckpt_path`` and ``datamodule`` as in `validate`.
         """
-        loader = dataloaders or module_loader(model, "predict_dataloader")
+        loader = self._eval_loader("predict", model, dataloaders, datamodule)
         result: list[Any] = self._launch("predict", model, None, loader, ckpt_path)
         return result
 
@@ -328,6 +362,23 @@ class Trainer:
         self.collective_stats_by_rank = results.collective_stats_by_rank
 
     # ----------------------------------------------------------------- launching
+    def _eval_loader(
+        self,
+        stage: str,
+        model: Module,
+        dataloaders: Iterable[Any] | DataModule | None,
+        datamodule: DataModule | None,
+    ) -> Iterable[Any] | None:
+        """The loader of ``stage``; None when a `DataModule` gives it on each rank."""
+        if isinstance(dataloaders, DataModule):
+            datamodule = check_datamodule(stage, datamodule, None, dataloaders)
+            dataloaders = None
+        self.datamodule = check_datamodule(stage, dataloaders, None, datamodule)
+        if self.datamodule is not None:
+            return None
+        hook = {"validate": "val", "test": "test", "predict": "predict"}[stage]
+        return dataloaders or module_loader(model, f"{hook}_dataloader")
+
     def _launch(self, stage: str, model: Module, *args: Any) -> Any:
         if not isinstance(model, Module):
             raise ConfigurationError(
