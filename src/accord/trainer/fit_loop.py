@@ -9,10 +9,13 @@ import torch
 from lightning_utilities.core.rank_zero import rank_zero_warn
 
 from accord.errors import ConfigurationError
+from accord.module import Module
 from accord.trainer.data import num_batches, overrides, set_epoch
 from accord.trainer.loops import call_callbacks, evaluate, log_metrics
 from accord.trainer.optimizers import optimizer_step, step_schedulers
+from accord.trainer.preemption import SignalFlag, save_and_stop
 from accord.trainer.state import RunState
+from accord.trainer.step_decision import decide_step, on_nonfinite
 
 if TYPE_CHECKING:
     from accord.trainer.trainer import Trainer
@@ -54,6 +57,10 @@ class FitLoop:
         # Whether a batch of the current accumulation window ran backward.
         self.window_has_backward = False
         self.warned_all_skipped = False
+        self.signals = SignalFlag(trainer.preemption_signals)
+        # The ranks that received a preemption signal, once the ranks agreed to stop for
+        # it; they stop at the next step boundary.
+        self.preempt_ranks: tuple[int, ...] = ()
 
     def run(self, train_loader: Iterable[Any], val_loader: Iterable[Any] | None) -> None:
         """Train on ``train_loader``, validating on ``val_loader`` (already prepared)."""
@@ -67,6 +74,16 @@ class FitLoop:
         )
         trainer.num_training_batches = num_batches(train_loader, trainer.limits["train"])
         trainer.should_stop = False
+        self.signals.install()
+        try:
+            self._run(model, train_loader, val_loader)
+        finally:
+            self.signals.restore()
+
+    def _run(
+        self, model: Module, train_loader: Iterable[Any], val_loader: Iterable[Any] | None
+    ) -> None:
+        trainer, state = self.trainer, self.state
         call_callbacks(trainer, "on_fit_start")
         model.on_fit_start()
         model.on_train_start()
@@ -147,15 +164,31 @@ class FitLoop:
                     output = strategy.step(wrapped, "training_step", batch, batch_idx)
                 metrics.in_step = False
                 loss = loss_of(output)
-                # A step one rank skips is skipped by all: a rank that went on to backward
+                # One collective per batch for every decision the ranks take together. A
+                # step one rank skips is skipped by all: a rank that went on to backward
                 # alone would wait for the others' gradients forever.
-                if multi_rank and strategy.reduce_boolean_decision(loss is None, all=False):
-                    loss = None
-                metrics.end_training_step(skipped=loss is None)
+                decision = decide_step(
+                    strategy, loss, check_loss=True, signalled=self.signals.received is not None
+                )
+                self.preempt_ranks = self.preempt_ranks or decision.preempt_ranks
                 ran += 1
-                if loss is None:
+                if decision.skip:
+                    loss = None
                     skipped += 1
-                else:
+                elif decision.nonfinite_ranks:
+                    mode = trainer.on_nonfinite
+                    on_nonfinite(
+                        mode,
+                        decision.nonfinite_ranks,
+                        trainer.global_step,
+                        batch_idx,
+                        trainer.is_global_zero,
+                    )
+                    if mode == "skip_step":
+                        loss = None
+                        self._discard_window()
+                metrics.end_training_step(skipped=loss is None)
+                if loss is not None:
                     if accumulate > 1:
                         loss = loss / accumulate
                     model.on_before_backward(loss)
@@ -170,6 +203,8 @@ class FitLoop:
             state.batches_done = batch_idx + 1
             call_callbacks(trainer, "on_train_batch_end", output, batch, batch_idx)
             model.on_train_batch_end(output, batch, batch_idx)
+            if self.preempt_ranks and is_step:
+                save_and_stop(trainer, self.preempt_ranks, self.signals.received)
             if val_loader is not None and self._should_validate(batch_idx, val_every):
                 evaluate(trainer, state, "validate", val_loader)
                 model.train()
@@ -204,6 +239,14 @@ class FitLoop:
         ):
             return False
         return (batch_idx + 1) % every == 0
+
+    def _discard_window(self) -> None:
+        """Drop the gradients of the current accumulation window on every optimizer."""
+        state = self.state
+        assert state.wrapped is not None
+        for optimizer in state.optimizers:
+            self.trainer.strategy.zero_grad(optimizer, state.wrapped)
+        self.window_has_backward = False
 
     def _optimizer_step(self) -> None:
         trainer, state = self.trainer, self.state

@@ -34,6 +34,7 @@ import torch
 from typing_extensions import Self, override
 
 from accord.core.collective import Collective, ReduceOp
+from accord.core.wrappers.recorder import leave_trace
 from accord.core.wrappers.wrapper import CallSite, CollectiveWrapper, OpCall, call_site
 from accord.errors import CollectiveMismatchError
 
@@ -175,9 +176,10 @@ class DebugCollective(CollectiveWrapper):
         # The base class's object op runs on this wrapper's primitives, unseen by inner
         # wrappers.
         descriptions = Collective.all_gather_object(self, description)
-        raise CollectiveMismatchError(
+        mismatch = CollectiveMismatchError(
             _mismatch_message(descriptions, self.compare_call_sites), descriptions
-        ) from error
+        )
+        raise leave_trace(self, call, mismatch, site) from error
 
     def _run_point_to_point(self, call: OpCall, perform: Callable[[], _T]) -> _T:
         peer = call.root
@@ -208,7 +210,8 @@ class DebugCollective(CollectiveWrapper):
         description = self._describe(call, site, via, count, None)
         peer_description = self._exchange_with_peer(description, peer, send_first=sending)
         pair = sorted([description, peer_description], key=lambda d: int(d["rank"]))
-        raise CollectiveMismatchError(_mismatch_message(pair, self.compare_call_sites), pair)
+        mismatch = CollectiveMismatchError(_mismatch_message(pair, self.compare_call_sites), pair)
+        raise leave_trace(self, call, mismatch, site)
 
     # ------------------------------------------------------------- fingerprints
     def _fingerprint(

@@ -12,6 +12,7 @@ import os
 
 from accord.core.collective import Collective
 from accord.core.wrappers.debug import DebugCollective
+from accord.core.wrappers.recorder import TRACE_DIR_ENV_VAR, RecordingCollective
 from accord.core.wrappers.stats import CollectiveStats, InstrumentedCollective
 from accord.core.wrappers.watchdog import WatchdogCollective
 from accord.core.wrappers.wrapper import CollectiveWrapper
@@ -22,6 +23,7 @@ __all__ = [
     "TIMEOUT_ENV_VAR",
     "has_layer",
     "maybe_debug",
+    "maybe_record",
     "maybe_watchdog",
     "wrap_collective",
 ]
@@ -102,10 +104,35 @@ def wrap_collective(
         collective: the backend collective (or one a user already wrapped).
         debug: check every call (`DebugCollective`), whatever ``ACCORD_DEBUG_COLLECTIVES`` says.
         stats: count calls and time into these statistics (`InstrumentedCollective`).
+
+    With the debug check or the watchdog on (or ``ACCORD_TRACE_DIR`` set), a
+    `RecordingCollective` sits closest to the backend (`maybe_record`).
     """
-    wrapped = maybe_debug(collective)
+    wrapped = maybe_debug(maybe_record(collective, debug=debug))
     if debug and not has_layer(wrapped, DebugCollective):
         wrapped = DebugCollective(wrapped)
-    if stats is not None:
+    if stats is not None and not has_layer(wrapped, InstrumentedCollective):
         wrapped = InstrumentedCollective(wrapped, stats)
     return maybe_watchdog(wrapped)
+
+
+def maybe_record(collective: Collective, *, debug: bool = False) -> Collective:
+    """Wrap ``collective`` in a `RecordingCollective` when a failure should leave a trace.
+
+    Recording is on when ``debug`` is true, ``ACCORD_DEBUG_COLLECTIVES`` or
+    ``ACCORD_COLLECTIVE_TIMEOUT`` turn the debug check or the watchdog on, or
+    ``ACCORD_TRACE_DIR`` is set; a `CollectiveMismatchError` or `CollectiveTimeoutError`
+    then leaves each rank's last calls in a file the message names. A collective that is
+    already recorded is not wrapped twice.
+    """
+    if has_layer(collective, RecordingCollective):
+        return collective
+    wanted = debug or bool(os.environ.get(TRACE_DIR_ENV_VAR, "").strip())
+    if not wanted:
+        wanted = os.environ.get(DEBUG_ENV_VAR, "").strip().lower() not in _OFF
+    if not wanted:
+        try:
+            wanted = float(os.environ.get(TIMEOUT_ENV_VAR, "").strip() or 0) > 0
+        except ValueError:
+            wanted = False  # maybe_watchdog says what is wrong with the value
+    return RecordingCollective(collective) if wanted else collective

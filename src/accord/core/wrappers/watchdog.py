@@ -46,6 +46,7 @@ from typing_extensions import Self, override
 
 from accord.core.collective import Collective
 from accord.core.process_group import as_timedelta
+from accord.core.wrappers.recorder import leave_trace
 from accord.core.wrappers.wrapper import CallSite, CollectiveWrapper, OpCall, call_site
 from accord.errors import (
     CollectiveError,
@@ -181,7 +182,11 @@ class WatchdogCollective(CollectiveWrapper):
             return perform()
         self._calls += 1
         site, _ = call_site()
-        self._arrive(store, call.op, self._calls, site)
+        try:
+            self._arrive(store, call.op, self._calls, site)
+        except CollectiveError as err:
+            leave_trace(self, call, err, site)  # the rank's last calls, named in the message
+            raise
         return perform()
 
     def _arrive(self, store: Store, op: str, number: int, site: CallSite) -> None:

@@ -1,0 +1,527 @@
+"""`RecordingCollective`: the last calls of a run, per rank, for a timeline or a hang's dump.
+
+A recorder keeps, in a bounded ring buffer (`CallRecord` entries), every public operation a
+collective was asked for: op, sequence number, shape, dtype, bytes, start and end time, the
+user's call site and the training step. It serves two purposes:
+
+* ``Trainer(profiler="timeline")`` records every call of a run and merges all ranks'
+  records into one Chrome trace (`merge_timeline`), opened in https://ui.perfetto.dev or
+  ``chrome://tracing``.
+* When the watchdog gives up on a call or a desync is detected
+  (`CollectiveTimeoutError`, `CollectiveMismatchError`), each rank writes its last calls to a
+  per-rank file (`dump_path`) and the error message names it; ``python -m accord.trace DIR``
+  then prints the first call where the ranks differ.
+
+Strategies get a recorder closest to the backend whenever the debug check or the watchdog is
+on, or ``ACCORD_TRACE_DIR`` is set (`accord.core.wrappers.policy.maybe_record`). Off, there is
+no recorder layer at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from types import FrameType
+from typing import Any, TypeVar
+
+import torch
+from typing_extensions import override
+
+from accord.core.collective import Collective
+from accord.core.wrappers.wrapper import CallSite, CollectiveWrapper, OpCall
+from accord.errors import (
+    CollectiveError,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    ConfigurationError,
+)
+
+__all__ = [
+    "CAPACITY_ENV_VAR",
+    "DEFAULT_CAPACITY",
+    "DEFAULT_TRACE_DIR",
+    "DUMP_FORMAT",
+    "TRACE_DIR_ENV_VAR",
+    "CallRecord",
+    "RecordingCollective",
+    "dump_path",
+    "find_recorder",
+    "leave_trace",
+    "merge_timeline",
+    "trace_dir",
+]
+
+_T = TypeVar("_T")
+_E = TypeVar("_E", bound=BaseException)
+
+TRACE_DIR_ENV_VAR = "ACCORD_TRACE_DIR"
+"""Directory the per-rank dumps go to; setting it also turns recording on."""
+
+CAPACITY_ENV_VAR = "ACCORD_TRACE_CAPACITY"
+"""How many calls each rank keeps for a dump (the ring buffer's size)."""
+
+DEFAULT_CAPACITY = 512
+"""Calls kept per rank when ``ACCORD_TRACE_CAPACITY`` is not set."""
+
+DEFAULT_TRACE_DIR = "accord_traces"
+"""Where dumps go (relative to the working directory) when no directory was chosen."""
+
+DUMP_FORMAT = "accord-collective-calls"
+"""The ``format`` field of a per-rank dump file."""
+
+_DUMP_VERSION = 1
+_CLOCK_ROUNDS = 5
+
+
+class CallRecord:
+    """One collective call on one rank.
+
+    Attributes:
+        seq: the call's number among this rank's group operations (1, 2, ...); equal on
+            every rank for the same call. ``None`` for ``send``/``recv``.
+        op: the operation's name.
+        shape: the tensor's shape (None for barrier and object ops).
+        dtype: the tensor's dtype, as text (None without a tensor).
+        nbytes: bytes handed in (0 without a tensor).
+        arg: the reduce op, ``src`` or ``dst`` as text (None where the op has none).
+        label: the barrier's name.
+        start: ``time.perf_counter()`` when the call began.
+        end: when it returned or raised (None while it runs).
+        site: the first frame outside accord (the user's line).
+        via: the accord frame that made the call on the user's behalf, if any.
+        step: the training step, when a step source was given.
+        state: ``"running"``, ``"ok"``, ``"failed"``, or what ended the run
+            (``"timeout"``, ``"abandoned"``, ``"mismatch"``).
+    """
+
+    __slots__ = (
+        "arg",
+        "dtype",
+        "end",
+        "label",
+        "nbytes",
+        "op",
+        "seq",
+        "shape",
+        "site",
+        "start",
+        "state",
+        "step",
+        "via",
+    )
+
+    def __init__(
+        self,
+        seq: int | None,
+        call: OpCall,
+        site: CallSite,
+        via: CallSite | None,
+        step: int | None,
+        start: float,
+    ) -> None:
+        self.seq = seq
+        self.op = call.op
+        tensor = call.tensor
+        if isinstance(tensor, torch.Tensor):
+            self.shape: tuple[int, ...] | None = tuple(tensor.shape)
+            self.dtype: str | None = str(tensor.dtype).removeprefix("torch.")
+            self.nbytes = tensor.numel() * tensor.element_size()
+        else:
+            self.shape = self.dtype = None
+            self.nbytes = 0
+        argument = call.reduce_op if call.reduce_op is not None else call.root
+        self.arg = None if argument is None else str(getattr(argument, "value", argument))
+        self.label = call.label
+        self.site = site
+        self.via = via
+        self.step = step
+        self.start = start
+        self.end: float | None = None
+        self.state = "running"
+
+    def as_dict(self, offset: float = 0.0) -> dict[str, Any]:
+        """The record as JSON-ready values; ``offset`` is subtracted from the times."""
+        return {
+            "seq": self.seq,
+            "op": self.op,
+            "shape": None if self.shape is None else list(self.shape),
+            "dtype": self.dtype,
+            "bytes": self.nbytes,
+            "arg": self.arg,
+            "label": self.label,
+            "start": self.start - offset,
+            "end": None if self.end is None else self.end - offset,
+            "site": str(self.site),
+            "via": None if self.via is None else str(self.via),
+            "step": self.step,
+            "state": self.state,
+        }
+
+    def __repr__(self) -> str:
+        return f"CallRecord(#{self.seq} {self.op} {self.state} at {self.site})"
+
+
+def _capacity_from_env() -> int:
+    raw = os.environ.get(CAPACITY_ENV_VAR, "").strip()
+    if not raw:
+        return DEFAULT_CAPACITY
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigurationError(
+            f"{CAPACITY_ENV_VAR}={raw!r} is not a positive number of calls; use e.g. "
+            f"{DEFAULT_CAPACITY}."
+        )
+    return value
+
+
+class RecordingCollective(CollectiveWrapper):
+    """A collective that keeps its last ``capacity`` calls in a ring buffer.
+
+    Each public operation adds a `CallRecord`. Recording walks the stack once per call, up
+    to the first frame outside accord, and takes two clock readings: a few microseconds a
+    call (``benchmarks/README.md`` has the figure). The records are this rank's only; the
+    ranks' records are merged by `merge_timeline` or, after a failure, compared by
+    ``python -m accord.trace``.
+
+    Args:
+        inner: the collective to record (any backend).
+        capacity: calls kept (the oldest are dropped); default ``ACCORD_TRACE_CAPACITY``,
+            else `DEFAULT_CAPACITY`.
+        directory: where `dump` writes (default: `trace_dir`).
+        step_source: returns the current training step; the Trainer sets it.
+    """
+
+    def __init__(
+        self,
+        inner: Collective,
+        capacity: int | None = None,
+        *,
+        directory: str | Path | None = None,
+        step_source: Callable[[], int] | None = None,
+    ) -> None:
+        super().__init__(inner)
+        size = _capacity_from_env() if capacity is None else capacity
+        if size < 1:
+            raise ConfigurationError(f"capacity={capacity} must be a positive number of calls.")
+        self._records: deque[CallRecord] = deque(maxlen=size)
+        self._calls = 0
+        self._recorded = 0
+        self.directory = None if directory is None else Path(directory)
+        self.step_source = step_source
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A step source usually closes over a Trainer: it belongs to one process.
+        state = self.__dict__.copy()
+        state["step_source"] = None
+        return state
+
+    # ------------------------------------------------------------------ the ring
+    @property
+    def capacity(self) -> int:
+        """How many calls are kept."""
+        maxlen = self._records.maxlen
+        assert maxlen is not None
+        return maxlen
+
+    @capacity.setter
+    def capacity(self, size: int) -> None:
+        if size < 1:
+            raise ConfigurationError(f"capacity={size} must be a positive number of calls.")
+        self._records = deque(self._records, maxlen=size)
+
+    @property
+    def records(self) -> list[CallRecord]:
+        """The kept calls, oldest first."""
+        return list(self._records)
+
+    @property
+    def dropped(self) -> int:
+        """Calls recorded but no longer kept (the ring buffer overflowed)."""
+        return self._recorded - len(self._records)
+
+    def reset(self) -> None:
+        """Forget every record; sequence numbers go on (they must match across ranks)."""
+        self._records.clear()
+        self._recorded = 0
+
+    # ------------------------------------------------------------------ the hook
+    @override
+    def _run(self, call: OpCall, perform: Callable[[], _T]) -> _T:
+        record = self._begin(call)
+        try:
+            result = perform()
+        except BaseException as err:
+            record.end = time.perf_counter()
+            record.state = _state_of(err, self._inner.rank)
+            if record.state != "failed" and isinstance(err, CollectiveError):
+                self._leave(err)
+            raise
+        record.end = time.perf_counter()
+        record.state = "ok"
+        return result
+
+    def _begin(self, call: OpCall, site: CallSite | None = None) -> CallRecord:
+        if call.is_point_to_point:
+            seq = None
+        else:
+            self._calls += 1
+            seq = self._calls
+        if site is None:
+            site, via = _call_site()
+        else:
+            via = None
+        source = self.step_source
+        record = CallRecord(seq, call, site, via, None if source is None else source(), 0.0)
+        self._records.append(record)
+        self._recorded += 1
+        record.start = time.perf_counter()
+        return record
+
+    def record_failure(self, call: OpCall, error: BaseException, site: CallSite | None) -> None:
+        """Add the call an outer check refused (it never reached this layer) as failed."""
+        record = self._begin(call, site)
+        record.end = record.start
+        record.state = _state_of(error, self._inner.rank)
+
+    def _leave(self, error: CollectiveError) -> None:
+        if getattr(error, "trace_file", None) is not None:
+            return  # another recorder already wrote this rank's calls
+        try:
+            path = self.dump(error)
+        except OSError as err:
+            _append(error, f"This rank's last collective calls could not be written: {err}.")
+            return
+        error.trace_file = path  # type: ignore[attr-defined]
+        _append(
+            error,
+            f"Rank {self._inner.rank}'s last {len(self._records)} collective calls are in "
+            f"{path}; `python -m accord.trace {path.parent}` compares every rank's file "
+            "and prints the first call where the ranks differ.",
+        )
+
+    # ------------------------------------------------------------------ dumps
+    def dump(self, error: BaseException | None = None, directory: str | Path | None = None) -> Path:
+        """Write this rank's kept calls to `dump_path` (atomically) and return the path.
+
+        Args:
+            error: what ended the run, written along (its message, and the ranks a
+                watchdog timeout names as missing).
+            directory: where to write (default: ``directory``, else `trace_dir`).
+        """
+        rank = self._inner.rank if self._inner.is_setup else int(os.environ.get("RANK", "0"))
+        world_size = self._inner.world_size if self._inner.is_setup else None
+        folder = Path(directory) if directory is not None else trace_dir(self.directory)
+        anchor = time.time() - time.perf_counter()
+        payload = {
+            "format": DUMP_FORMAT,
+            "version": _DUMP_VERSION,
+            "rank": rank,
+            "world_size": world_size,
+            "pid": os.getpid(),
+            "host": os.uname().nodename if hasattr(os, "uname") else "",
+            "clock": "perf_counter seconds; add wall_offset for Unix time",
+            "wall_offset": anchor,
+            "capacity": self.capacity,
+            "dropped": self.dropped,
+            "error": None if error is None else f"{type(error).__name__}: {error}",
+            "missing_ranks": list(getattr(error, "missing_ranks", []) or []),
+            "calls": [record.as_dict() for record in self._records],
+        }
+        path = dump_path(folder, rank)
+        _write_json(path, payload)
+        return path
+
+    # ------------------------------------------------------------------ timeline
+    def gather_records(self) -> list[dict[str, Any]] | None:
+        """Every rank's records, with clock offsets removed, on every rank (one gather).
+
+        Every rank must call it. The ranks first pass ``5`` barriers; the median difference
+        of their exit times estimates each rank's clock offset from rank 0. The barriers
+        and the gather run on this layer's primitives, so they are not recorded, checked
+        or watched. Returns one entry per rank: ``rank``, ``offset`` (seconds),
+        ``dropped`` and ``calls`` (`CallRecord.as_dict` on rank 0's clock); None on a
+        collective that is not set up.
+        """
+        if not self._inner.is_setup:
+            return None
+        exits = []
+        for _ in range(_CLOCK_ROUNDS):
+            self._barrier()
+            exits.append(time.perf_counter())
+        mine = {
+            "rank": self._inner.rank,
+            "exits": exits,
+            "dropped": self.dropped,
+            "calls": [record.as_dict() for record in self._records],
+        }
+        gathered: list[dict[str, Any]] = Collective.all_gather_object(self, mine)
+        reference = gathered[0]["exits"]
+        for entry in gathered:
+            offset = statistics.median(
+                a - b for a, b in zip(entry.pop("exits"), reference, strict=True)
+            )
+            entry["offset"] = offset
+            for call in entry["calls"]:
+                call["start"] -= offset
+                if call["end"] is not None:
+                    call["end"] -= offset
+        return gathered
+
+
+# Frames that only pass a call along: never named as the accord line that made it.
+_PLUMBING = ("accord.core.wrappers", "accord.core.collective", "accord.core.buffers",
+             "accord.core.objects", "accord.collectives")  # fmt: skip
+_UNKNOWN = CallSite("<unknown>", 0, "<unknown>")
+
+
+def _call_site() -> tuple[CallSite, CallSite | None]:
+    """The first frame outside accord (accord.testing counts as outside), and the
+    innermost accord frame on the way that is not collective plumbing (or None)."""
+    frame: FrameType | None = sys._getframe(2)
+    via: CallSite | None = None
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if not (module == "accord" or module.startswith("accord.")) or module.startswith(
+            "accord.testing"
+        ):
+            return CallSite(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name), via
+        if via is None and not module.startswith(_PLUMBING):
+            via = CallSite(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+        frame = frame.f_back
+    return via or _UNKNOWN, None
+
+
+def _state_of(error: BaseException, rank: int) -> str:
+    if isinstance(error, CollectiveTimeoutError):
+        return "abandoned" if rank in error.missing_ranks else "timeout"
+    if isinstance(error, CollectiveMismatchError):
+        return "mismatch"
+    return "failed"
+
+
+def _append(error: BaseException, text: str) -> None:
+    first = error.args[0] if error.args else ""
+    error.args = (f"{first}\n{text}", *error.args[1:])
+
+
+def _write_json(path: Path, payload: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with temporary.open("w", encoding="utf-8") as stream:
+        json.dump(payload, stream)
+        stream.flush()
+        os.fsync(stream.fileno())
+    temporary.replace(path)
+
+
+def trace_dir(directory: str | Path | None = None) -> Path:
+    """Where dumps go: ``ACCORD_TRACE_DIR``, else ``directory`` (the Trainer passes the
+    run's log directory), else `DEFAULT_TRACE_DIR` under the working directory."""
+    chosen = os.environ.get(TRACE_DIR_ENV_VAR, "").strip()
+    if chosen:
+        return Path(chosen)
+    if directory is not None:
+        return Path(directory)
+    return Path.cwd() / DEFAULT_TRACE_DIR
+
+
+def dump_path(directory: str | Path, rank: int) -> Path:
+    """The file rank ``rank`` dumps its calls to in ``directory``."""
+    return Path(directory) / f"collectives-rank{rank}.json"
+
+
+def find_recorder(collective: Collective) -> RecordingCollective | None:
+    """The `RecordingCollective` layer of ``collective`` (itself or any it wraps), or None."""
+    layer: Collective = collective
+    while not isinstance(layer, RecordingCollective):
+        if not isinstance(layer, CollectiveWrapper):
+            return None
+        layer = layer.inner
+    return layer
+
+
+def leave_trace(
+    layer: CollectiveWrapper, call: OpCall, error: _E, site: CallSite | None = None
+) -> _E:
+    """Record ``call``, which ``layer`` refused with ``error``, and dump this rank's calls.
+
+    For checks that sit outside the recorder (the debug check, the watchdog): the call
+    never reached the recorder, so it is added as failed, the rank's calls are written to
+    `dump_path`, and the file is named at the end of ``error``'s message. Without a
+    recorder inside ``layer`` the error is returned unchanged.
+    """
+    recorder = find_recorder(layer.inner)
+    if recorder is not None and isinstance(error, CollectiveError):
+        recorder.record_failure(call, error, site)
+        recorder._leave(error)
+    return error
+
+
+def merge_timeline(gathered: Iterable[dict[str, Any]], path: str | Path) -> Path:
+    """Write `RecordingCollective.gather_records`' result as one Chrome trace JSON file.
+
+    A process (``pid``) and thread (``tid``) per rank, named ``rank N``; a complete event
+    (``ph: "X"``) per call, its arguments (sequence number, step, shape, dtype, bytes,
+    call site) under ``args``. Times are microseconds from the first call. Open the file
+    in https://ui.perfetto.dev or ``chrome://tracing``. Written atomically.
+    """
+    entries = list(gathered)
+    starts = [call["start"] for entry in entries for call in entry["calls"]]
+    origin = min(starts) if starts else 0.0
+    events: list[dict[str, Any]] = []
+    for entry in entries:
+        rank = int(entry["rank"])
+        events.append(
+            {"name": "process_name", "ph": "M", "pid": rank, "tid": rank,
+             "args": {"name": f"rank {rank}"}}
+        )  # fmt: skip
+        events.append(
+            {"name": "process_sort_index", "ph": "M", "pid": rank, "tid": rank,
+             "args": {"sort_index": rank}}
+        )  # fmt: skip
+        events.append(
+            {"name": "thread_name", "ph": "M", "pid": rank, "tid": rank,
+             "args": {"name": f"rank {rank} collectives"}}
+        )  # fmt: skip
+        for call in entry["calls"]:
+            end = call["end"] if call["end"] is not None else call["start"]
+            name = call["op"] if not call["label"] else f"{call['op']} {call['label']}"
+            args = {key: call[key] for key in _TRACE_ARGS}
+            args["rank"] = rank
+            events.append(
+                {
+                    "name": name,
+                    "cat": "collective",
+                    "ph": "X",
+                    "pid": rank,
+                    "tid": rank,
+                    "ts": (call["start"] - origin) * 1e6,
+                    "dur": max(end - call["start"], 0.0) * 1e6,
+                    "args": args,
+                }
+            )
+    trace = {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "format": "accord collective timeline",
+            "clock_offsets_s": {str(e["rank"]): e["offset"] for e in entries},
+            "dropped_calls": {str(e["rank"]): e["dropped"] for e in entries},
+        },
+    }
+    target = Path(path)
+    _write_json(target, trace)
+    return target
+
+
+_TRACE_ARGS = ("seq", "step", "op", "shape", "dtype", "bytes", "arg", "label", "site", "via",
+               "state", "start", "end")  # fmt: skip
