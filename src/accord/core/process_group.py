@@ -6,7 +6,9 @@ joins one that already exists (torchrun, a user's ``init_process_group``, anothe
 collective) and records which; the rank, world size and rendezvous address come from its
 arguments or the ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` environment; a new
 group meets on one store per process (`init_group_on_shared_store`); ``teardown()``
-destroys only what ``setup()`` created, and is idempotent. A subclass supplies its
+destroys only what ``setup()`` created, and is idempotent. With ``ACCORD_COLLECTIVE_TIMEOUT``
+set, a group ``setup()`` creates times its ops out after that many seconds, and a backend
+timeout inside an op is raised as `CollectiveTimeoutError` (`backend_timeouts`). A subclass supplies its
 primitives and, where its engine needs them, the hooks `_prepare`, `_join`,
 `_init_with_method` and `_destroy`.
 
@@ -16,6 +18,9 @@ torch.distributed is imported when a group is set up, not when this module is.
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -25,21 +30,78 @@ from typing_extensions import Self, override
 
 from accord.core.membership import MemberCollective
 from accord.core.rendezvous import init_group_on_shared_store
-from accord.errors import CollectiveError, ConfigurationError
+from accord.errors import CollectiveError, CollectiveTimeoutError, ConfigurationError
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "TIMEOUT_ENV_VAR",
     "ProcessGroupCollective",
     "Rendezvous",
     "as_timedelta",
+    "backend_timeouts",
     "byte_view",
+    "timeout_from_env",
 ]
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 """How long an op may wait for the other ranks before it fails (torch's own default)."""
+
+TIMEOUT_ENV_VAR = "ACCORD_COLLECTIVE_TIMEOUT"
+"""Seconds; when set, the watchdog's wait and the op timeout of every group accord creates."""
+
+# How gloo (and torch's own wait) say that an op ran out of time.
+_TIMED_OUT = re.compile(r"timed out|timeout", re.IGNORECASE)
+
+
+def timeout_from_env() -> timedelta | None:
+    """``ACCORD_COLLECTIVE_TIMEOUT`` as a timedelta; None when it is unset, empty or ``0``
+    (negative values count as off too).
+
+    Raises:
+        ConfigurationError: the variable is not a number of seconds.
+    """
+    raw = os.environ.get(TIMEOUT_ENV_VAR, "").strip()
+    if not raw:
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise ConfigurationError(
+            f"{TIMEOUT_ENV_VAR}={raw!r} is not a number of seconds; use e.g. 300, or 0 for off."
+        ) from None
+    return timedelta(seconds=seconds) if seconds > 0 else None
+
+
+@contextmanager
+def backend_timeouts(op: str, rank: int, timeout: timedelta) -> Iterator[None]:
+    """Raise a backend's own timeout inside ``op`` as `CollectiveTimeoutError` naming ``op``.
+
+    Every rank may have called ``op`` and still not finish it: gloo waits for bytes a rank
+    with a different shape never sends. Other errors pass through unchanged.
+
+    Args:
+        op: the operation's public name, for the message.
+        rank: this rank, for the message.
+        timeout: the group's op timeout, for the message.
+    """
+    try:
+        yield
+    except RuntimeError as err:
+        if isinstance(err, CollectiveError) or not _TIMED_OUT.search(str(err)):
+            raise
+        raise CollectiveTimeoutError(
+            f"Rank {rank}: {op} did not complete within the process group's timeout of "
+            f"{timeout.total_seconds():g} s. Either a rank never called it, or the ranks "
+            "called it with different shapes, dtypes or roots (the backend then waits for "
+            "data that never comes), or a rank stopped inside it. Run with "
+            f"ACCORD_DEBUG_COLLECTIVES=1 to compare every call across ranks. The backend "
+            f"said: {err}",
+            op=op,
+            rank=rank,
+        ) from err
 
 
 def as_timedelta(timeout: timedelta | float | None) -> timedelta:
@@ -164,10 +226,12 @@ class ProcessGroupCollective(MemberCollective):
         """Create the default process group, or join the one that already exists.
 
         Arguments not given are read from ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``
-        (default ``127.0.0.1``) and ``MASTER_PORT``. Calling it again is a no-op.
+        (default ``127.0.0.1``) and ``MASTER_PORT``. ``ACCORD_COLLECTIVE_TIMEOUT``, when
+        set, replaces `timeout`. Calling it again is a no-op.
 
         Raises:
-            ConfigurationError: rank, world size or port settings that cannot form a group.
+            ConfigurationError: rank, world size or port settings that cannot form a group,
+                or an ``ACCORD_COLLECTIVE_TIMEOUT`` that is not a number.
             CollectiveError: this torch build has no torch.distributed.
         """
         if self._ready:
@@ -178,6 +242,9 @@ class ProcessGroupCollective(MemberCollective):
 
         if not dist.is_available():
             raise CollectiveError("This torch build has no torch.distributed support.")
+        configured = timeout_from_env()
+        if configured is not None:
+            self.timeout = configured
         if dist.is_initialized():
             self._prepare(dist.get_rank())
             self._join()

@@ -4,11 +4,16 @@ Besides the contract's ops it provides what the torch engine's strategies run th
 traffic on: the `process_group` (DDP's reducer) and a `device_mesh` over exactly its ranks
 (FSDP's shard all-gathers and reduce-scatters). A collective on a sub-group hands out that
 sub-group, so a strategy given one communicates only within it.
+
+A backend's own timeout inside an op (gloo: "Timed out waiting ... for recv operation")
+is raised as `CollectiveTimeoutError` naming the op; ``ACCORD_COLLECTIVE_TIMEOUT`` sets that
+timeout for the groups this collective creates.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from math import prod
 from typing import TYPE_CHECKING, Any
@@ -17,7 +22,12 @@ import torch
 from typing_extensions import Self, override
 
 from accord.core.collective import ReduceOp
-from accord.core.process_group import DEFAULT_TIMEOUT, ProcessGroupCollective, byte_view
+from accord.core.process_group import (
+    DEFAULT_TIMEOUT,
+    ProcessGroupCollective,
+    backend_timeouts,
+    byte_view,
+)
 from accord.core.rendezvous import DEFAULT_RENDEZVOUS_TIMEOUT, rendezvous_timeout
 from accord.errors import ConfigurationError
 
@@ -232,6 +242,9 @@ class TorchCollective(ProcessGroupCollective):
         return torch.device("cpu")
 
     # ---------------------------------------------------------------- primitives
+    def _op(self, name: str) -> AbstractContextManager[None]:
+        return backend_timeouts(name, self._rank, self.timeout)
+
     def _global(self, rank: int) -> int:
         if self._group is None:
             return rank
@@ -243,13 +256,15 @@ class TorchCollective(ProcessGroupCollective):
     def _all_reduce_(self, buffer: torch.Tensor, op: ReduceOp) -> None:
         import torch.distributed as dist
 
-        dist.all_reduce(buffer, op=_torch_op(op), group=self._group)
+        with self._op("all_reduce"):
+            dist.all_reduce(buffer, op=_torch_op(op), group=self._group)
 
     @override
     def _broadcast_(self, buffer: torch.Tensor, src: int) -> None:
         import torch.distributed as dist
 
-        dist.broadcast(byte_view(buffer), src=self._global(src), group=self._group)
+        with self._op("broadcast"):
+            dist.broadcast(byte_view(buffer), src=self._global(src), group=self._group)
 
     @override
     def _all_gather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
@@ -257,7 +272,8 @@ class TorchCollective(ProcessGroupCollective):
 
         # The *_single ops (torch >= 2.13) replace the deprecated *_into_tensor names.
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        gather(byte_view(output).view(-1), byte_view(tensor).view(-1), group=self._group)
+        with self._op("all_gather"):
+            gather(byte_view(output).view(-1), byte_view(tensor).view(-1), group=self._group)
 
     @override
     def _reduce_scatter_into(
@@ -266,45 +282,52 @@ class TorchCollective(ProcessGroupCollective):
         import torch.distributed as dist
 
         scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-        scatter(output.view(-1), tensor.view(-1), op=_torch_op(op), group=self._group)
+        with self._op("reduce_scatter"):
+            scatter(output.view(-1), tensor.view(-1), op=_torch_op(op), group=self._group)
 
     @override
     def _barrier(self) -> None:
         import torch.distributed as dist
 
-        dist.barrier(group=self._group)
+        with self._op("barrier"):
+            dist.barrier(group=self._group)
 
     @override
     def _send(self, tensor: torch.Tensor, dst: int) -> None:
         import torch.distributed as dist
 
-        dist.send(byte_view(tensor), dst=self._global(dst), group=self._group)
+        with self._op("send"):
+            dist.send(byte_view(tensor), dst=self._global(dst), group=self._group)
 
     @override
     def _recv_(self, buffer: torch.Tensor, src: int) -> None:
         import torch.distributed as dist
 
-        dist.recv(byte_view(buffer), src=self._global(src), group=self._group)
+        with self._op("recv"):
+            dist.recv(byte_view(buffer), src=self._global(src), group=self._group)
 
     @override
     def _gather_into(self, output: torch.Tensor | None, tensor: torch.Tensor, dst: int) -> None:
         import torch.distributed as dist
 
         rows = list(byte_view(output).unbind(0)) if output is not None else None
-        dist.gather(byte_view(tensor), rows, dst=self._global(dst), group=self._group)
+        with self._op("gather"):
+            dist.gather(byte_view(tensor), rows, dst=self._global(dst), group=self._group)
 
     @override
     def _scatter_into(self, output: torch.Tensor, tensor: torch.Tensor | None, src: int) -> None:
         import torch.distributed as dist
 
         rows = list(byte_view(tensor).unbind(0)) if tensor is not None else None
-        dist.scatter(byte_view(output), rows, src=self._global(src), group=self._group)
+        with self._op("scatter"):
+            dist.scatter(byte_view(output), rows, src=self._global(src), group=self._group)
 
     @override
     def _all_to_all_into(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
         import torch.distributed as dist
 
-        dist.all_to_all_single(byte_view(output), byte_view(tensor), group=self._group)
+        with self._op("all_to_all"):
+            dist.all_to_all_single(byte_view(output), byte_view(tensor), group=self._group)
 
 
 _TORCH_OPS: dict[ReduceOp, Any] = {}
