@@ -26,8 +26,10 @@ import hashlib
 import os
 import pickle
 import struct
+import sys
 import zlib
 from collections.abc import Callable, Sequence
+from types import FrameType
 from typing import Any, TypeVar
 
 import torch
@@ -102,6 +104,28 @@ def _digest(values: Sequence[int]) -> int:
     return int.from_bytes(hashlib.blake2b(packed, digest_size=7).digest(), "little")
 
 
+# The layers between a caller and this check. A report's "via" is the first accord frame
+# past them: the strategy helper, or DDP's gradient bucket hook, that made the call.
+_PLUMBING = ("accord.core.wrappers", "accord.core.collective", "accord.collectives")
+
+
+def _where() -> tuple[CallSite, CallSite | None]:
+    """`call_site`'s ``site``, and the innermost accord frame outside the plumbing as ``via``."""
+    site, _ = call_site()
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if not isinstance(module, str) or not module.startswith("accord."):
+            break
+        if module.startswith("accord.testing"):
+            break
+        if not module.startswith(_PLUMBING):
+            code = frame.f_code
+            return site, CallSite(code.co_filename, frame.f_lineno, code.co_name)
+        frame = frame.f_back
+    return site, None
+
+
 def _site_hash(site: CallSite) -> int:
     # The file's base name, so ranks with different install paths still agree.
     return _crc(f"{site.filename.rsplit(os.sep, 1)[-1]}:{site.lineno}")
@@ -171,7 +195,7 @@ class DebugCollective(CollectiveWrapper):
             if error is not None:
                 raise error  # every rank made the same invalid call: each raises its own
             return perform()
-        site, via = call_site()
+        site, via = _where()
         description = self._describe(call, site, via, self._calls, error)
         # The base class's object op runs on this wrapper's primitives, unseen by inner
         # wrappers.
@@ -191,7 +215,7 @@ class DebugCollective(CollectiveWrapper):
             return perform()
         count = self._peer_calls.get(peer, 0) + 1
         self._peer_calls[peer] = count
-        site, via = call_site()
+        site, via = _where()
         values, _ = self._fingerprint(call, site, count)
         mine = torch.tensor(values, dtype=torch.int64, device=self._object_device())
         theirs = torch.empty_like(mine)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from accord.core.collective import Collective
+from accord.core.process_group import TIMEOUT_ENV_VAR, timeout_from_env
 from accord.core.wrappers.debug import DebugCollective
 from accord.core.wrappers.recorder import TRACE_DIR_ENV_VAR, RecordingCollective
 from accord.core.wrappers.stats import CollectiveStats, InstrumentedCollective
@@ -30,9 +31,6 @@ __all__ = [
 
 DEBUG_ENV_VAR = "ACCORD_DEBUG_COLLECTIVES"
 """``1`` wraps strategies' collectives in `DebugCollective`; ``strict`` also compares call sites."""
-
-TIMEOUT_ENV_VAR = "ACCORD_COLLECTIVE_TIMEOUT"
-"""Seconds; when set, `maybe_watchdog` wraps a collective in a `WatchdogCollective`."""
 
 _ON = ("1", "true", "yes", "on")
 _OFF = ("", "0", "false", "no", "off")
@@ -76,23 +74,17 @@ def maybe_watchdog(collective: Collective) -> Collective:
     """Wrap ``collective`` in a `WatchdogCollective` when ``ACCORD_COLLECTIVE_TIMEOUT`` is set.
 
     The variable is the timeout in seconds; unset, empty or ``0`` returns ``collective``
-    unchanged. A collective that is already watched is not wrapped twice.
+    unchanged. A collective that is already watched is not wrapped twice. The same value
+    is the op timeout of the process group a `ProcessGroupCollective` creates, so an op
+    that every rank reached but that cannot complete fails too.
 
     Raises:
         ConfigurationError: the variable is not a number of seconds.
     """
-    raw = os.environ.get(TIMEOUT_ENV_VAR, "").strip()
-    if not raw:
+    timeout = timeout_from_env()
+    if timeout is None or has_layer(collective, WatchdogCollective):
         return collective
-    try:
-        seconds = float(raw)
-    except ValueError:
-        raise ConfigurationError(
-            f"{TIMEOUT_ENV_VAR}={raw!r} is not a number of seconds; use e.g. 300, or 0 for off."
-        ) from None
-    if seconds <= 0 or has_layer(collective, WatchdogCollective):
-        return collective
-    return WatchdogCollective(collective, seconds)
+    return WatchdogCollective(collective, timeout)
 
 
 def wrap_collective(

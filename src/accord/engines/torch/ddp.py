@@ -4,7 +4,8 @@ DDP's reducer runs on the process group of the strategy's `TorchCollective`
 (`TorchCollective.process_group`, reached through any debug, statistics or watchdog
 wrappers), so a collective on a sub-group averages gradients within the sub-group.
 With ``gradient_sync="collective"`` every gradient bucket goes through the collective's
-own ``all_reduce`` instead.
+own ``all_reduce`` instead; in debug mode (a `DebugCollective` among the wrappers) too, so
+the debug check fingerprints the gradient traffic along with the user's collectives.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from accord.accelerators.accelerator import Accelerator
 from accord.core.collective import Collective
 from accord.core.parallel import ParallelStrategy, StartMethod
 from accord.core.step_module import StepModule
+from accord.core.wrappers.debug import DebugCollective
 from accord.core.wrappers.policy import has_layer
 from accord.engines.torch.collective import TorchCollective, default_torch_backend
 from accord.environments.cluster_environment import ClusterEnvironment
@@ -48,7 +50,10 @@ class DDPStrategy(ParallelStrategy):
         gradient_sync: ``"native"`` lets DDP's reducer average gradients on the
             collective's process group, overlapped with backward; ``"collective"`` sends
             every gradient bucket through ``self.collective.all_reduce`` (a DDP comm hook),
-            so a custom collective also carries the gradients.
+            so a custom collective also carries the gradients. Debug mode (``debug=True``
+            or ``ACCORD_DEBUG_COLLECTIVES``) always uses ``"collective"``, so a gradient
+            bucket that meets another rank's user collective is a
+            `CollectiveMismatchError`, not a backend crash.
         find_unused_parameters, **ddp_kwargs: passed to `DistributedDataParallel`.
         accelerator, parallel_devices, cluster_environment, collective, precision, num_nodes, debug:
             as `ParallelStrategy`.
@@ -110,8 +115,8 @@ class DDPStrategy(ParallelStrategy):
             process_group=self.process_group,
             **self.ddp_kwargs,
         )
-        if self.gradient_sync == "collective":
-            wrapped.register_comm_hook(self.collective, _collective_allreduce_hook)
+        if self.gradient_sync == "collective" or has_layer(self.collective, DebugCollective):
+            wrapped.register_comm_hook(self.collective, _ddp_gradient_bucket_hook)
         return wrapped
 
     @property
@@ -145,10 +150,13 @@ class DDPStrategy(ParallelStrategy):
         return module
 
 
-def _collective_allreduce_hook(
+def _ddp_gradient_bucket_hook(
     collective: Collective, bucket: Any
 ) -> torch.futures.Future[torch.Tensor]:
-    """A DDP comm hook that averages a gradient bucket in place through ``collective``."""
+    """A DDP comm hook that averages a gradient bucket in place through ``collective``.
+
+    Its name shows in a debug mismatch report as the place a gradient bucket was sent from.
+    """
     buffer = bucket.buffer()
     collective.all_reduce(buffer, "mean", out=buffer)
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
@@ -157,6 +165,6 @@ def _collective_allreduce_hook(
 
 
 # DDP validates a hook's annotations as objects; this module's are strings (postponed).
-_collective_allreduce_hook.__annotations__.update(
+_ddp_gradient_bucket_hook.__annotations__.update(
     {"bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}  # type: ignore[attr-defined]
 )
