@@ -20,6 +20,9 @@ __all__ = [
     "ConfigurationError",
     "MisconfigurationError",
     "MissingDependencyError",
+    "NonFiniteValueError",
+    "PREEMPTED_EXIT_CODE",
+    "Preempted",
     "RankFailureError",
     "did_you_mean",
 ]
@@ -96,6 +99,51 @@ class CheckpointError(AccordError, RuntimeError):
 
 class RankFailureError(AccordError, RuntimeError):
     """One or more ranks of a multi-process run failed."""
+
+
+class NonFiniteValueError(AccordError, FloatingPointError):
+    """A training value (the loss) was NaN or infinite on at least one rank.
+
+    Raised on every rank in the same step, so no rank trains on alone. ``ranks`` are the
+    global ranks that saw the value, ``step`` the optimizer step (``global_step``) it
+    happened before, ``metric`` what was checked (``"loss"``).
+    """
+
+    def __init__(self, message: str, *, ranks: Sequence[int], step: int, metric: str) -> None:
+        super().__init__(message)
+        self.ranks = list(ranks)
+        self.step = step
+        self.metric = metric
+
+
+PREEMPTED_EXIT_CODE = 75
+"""The exit status of a job stopped by a preemption signal after its checkpoint was saved
+(``EX_TEMPFAIL``: try again later). torchelastic restarts a group that exits with it while
+restarts are left; a scheduler may requeue it."""
+
+
+class Preempted(SystemExit):
+    """A fit stopped on a preemption signal, after every rank saved the checkpoint.
+
+    A `SystemExit` with code `PREEMPTED_EXIT_CODE`: left uncaught, the process exits with
+    that status and no traceback. ``checkpoint`` is the path saved, ``step`` its
+    ``global_step`` and ``signal_name`` the signal (e.g. ``"SIGTERM"``).
+    """
+
+    def __init__(self, checkpoint: str, step: int, signal_name: str) -> None:
+        super().__init__(PREEMPTED_EXIT_CODE)
+        self.checkpoint = checkpoint
+        self.step = step
+        self.signal_name = signal_name
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.checkpoint, self.step, self.signal_name))
+
+    def __str__(self) -> str:
+        return (
+            f"Stopped by {self.signal_name} at step {self.step}; the run was saved to "
+            f"{self.checkpoint!r}. Resume with fit(ckpt_path='last') or that path."
+        )
 
 
 # What the backends say when the other end of a connection has gone: gloo's pair errors,

@@ -60,5 +60,21 @@ class ClusterEnvironment(ABC):
     def teardown(self) -> None:
         """Undo what this environment changed in the process (nothing by default)."""
 
+    def requeue(self) -> bool:
+        """Ask the scheduler to run this job again; return whether it was requeued.
+
+        Called on global rank zero after a preemption signal's checkpoint was saved. The
+        default does nothing and returns False.
+        """
+        return False
+
+    def restart_count(self) -> int:
+        """How many times the job was restarted (0 on the first run).
+
+        A Trainer whose job was restarted resumes from the newest finished checkpoint by
+        itself (``Trainer(auto_resume=True)``). The default is 0.
+        """
+        return 0
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -62,6 +62,18 @@ class TorchElasticEnvironment(ClusterEnvironment):
         return int(os.environ["GROUP_RANK"])
 
     @override
+    def restart_count(self) -> int:
+        """``TORCHELASTIC_RESTART_COUNT``: how often torchrun restarted the group (0 first)."""
+        raw = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0").strip() or "0"
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigurationError(
+                f"TORCHELASTIC_RESTART_COUNT={raw!r} is not an integer; torchrun sets it. "
+                "Unset it, or start the job with torchrun."
+            ) from None
+
+    @override
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
         local = int(os.environ["LOCAL_WORLD_SIZE"])
         if num_devices != local:

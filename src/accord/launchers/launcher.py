@@ -10,15 +10,31 @@ caller needs (the Trainer returns its `RankZeroResults`).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from accord.environments.cluster_environment import ClusterEnvironment
 
-__all__ = ["Launcher", "rank_environment", "threads_per_process"]
+__all__ = [
+    "FORWARDED_SIGNALS",
+    "Launcher",
+    "SignalForwarder",
+    "rank_environment",
+    "threads_per_process",
+]
+
+FORWARDED_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+"""Signals a launcher passes on to the ranks it started, so a signal to the launcher
+reaches every rank (where a fit turns it into a preemption checkpoint). SIGINT is not
+among them: Ctrl+C in a terminal reaches every process of the job already, and a rank
+zero interrupted alone stops the others through the launcher's failure handling."""
 
 
 class Launcher(ABC):
@@ -73,3 +89,46 @@ def rank_environment(
         "LOCAL_WORLD_SIZE": str(num_processes),
         "OMP_NUM_THREADS": str(threads_per_process(num_processes)),
     }
+
+
+class SignalForwarder:
+    """While installed, passes `FORWARDED_SIGNALS` this process receives on to ``pids()``.
+
+    Then it calls the handler it replaced when that was a Python function; the default
+    action (ending the launcher) is left to the ranks' own exit. Only the process that
+    installed it forwards: a forked rank that inherited the handler does nothing with it.
+
+    Args:
+        pids: the processes to forward to (called in the handler; keep it cheap).
+    """
+
+    def __init__(self, pids: Callable[[], list[int]]) -> None:
+        self.pids = pids
+        self._owner = os.getpid()
+        self._previous: dict[signal.Signals, Any] = {}
+
+    def install(self) -> bool:
+        """Start forwarding (main thread only); whether the handlers were installed."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        self._owner = os.getpid()
+        for sig in FORWARDED_SIGNALS:
+            self._previous[sig] = signal.getsignal(sig)
+            signal.signal(sig, self._forward)
+        return True
+
+    def restore(self) -> None:
+        """Put back the handlers `install` replaced."""
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+    def _forward(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self._owner:
+            return
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError):  # that rank has ended already
+                os.kill(pid, signum)
+        previous = self._previous.get(signal.Signals(signum))
+        if callable(previous):
+            previous(signum, frame)

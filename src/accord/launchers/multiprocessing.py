@@ -4,7 +4,8 @@ The launching process does not train: it waits for the ranks, and `launch` retur
 the work returned on local rank zero, pickled. The Trainer's work returns its
 `RankZeroResults` (trained weights, callback state, metrics), which the Trainer then
 applies to its own objects, so after ``trainer.fit(model)`` the caller's ``model`` holds
-the trained weights.
+the trained weights. Signals sent to the launching process (`FORWARDED_SIGNALS`) are
+passed on to the ranks; when the ranks stop for a preemption, `launch` raises `Preempted`.
 """
 
 from __future__ import annotations
@@ -25,8 +26,19 @@ from typing_extensions import override
 
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.environments.local import find_free_port
-from accord.errors import ConfigurationError, RankFailureError, is_communication_error
-from accord.launchers.launcher import Launcher, rank_environment
+from accord.errors import (
+    PREEMPTED_EXIT_CODE,
+    ConfigurationError,
+    Preempted,
+    RankFailureError,
+    is_communication_error,
+)
+from accord.launchers.launcher import (
+    FORWARDED_SIGNALS,
+    Launcher,
+    SignalForwarder,
+    rank_environment,
+)
 
 __all__ = ["MultiprocessingLauncher"]
 
@@ -35,6 +47,9 @@ _START_METHODS = ("spawn", "fork", "forkserver")
 
 def _worker(local_rank: int, env: dict[str, str], work: Any, conn: Connection) -> None:
     os.environ.update(env, LOCAL_RANK=str(local_rank))
+    # A forked rank inherits the launcher's forwarding handlers; a rank has its own.
+    for sig in FORWARDED_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
     import torch
 
     if isinstance(work, bytes):
@@ -48,6 +63,9 @@ def _worker(local_rank: int, env: dict[str, str], work: Any, conn: Connection) -
         # file descriptors that vanish when this process exits.
         body = pickle.dumps(result) if local_rank == 0 else None
         conn.send(("ok", body, False))
+    except Preempted as stop:
+        conn.send(("preempted", (stop.checkpoint, stop.step, stop.signal_name), False))
+        raise SystemExit(PREEMPTED_EXIT_CODE) from None
     except BaseException as err:
         # Classified here, where the exception object still exists: the launcher only gets
         # text, and must tell a rank that lost its peer from the rank that failed first.
@@ -131,9 +149,12 @@ class MultiprocessingLauncher(Launcher):
             sender.close()
             procs.append(proc)
             conns.append(receiver)
+        forwarder = SignalForwarder(lambda: [p.pid for p in procs if p.is_alive()])
+        forwarder.install()
         try:
             return self._collect(procs, conns)
         finally:
+            forwarder.restore()
             for proc in procs:
                 if proc.is_alive():
                     proc.kill()
@@ -161,6 +182,7 @@ class MultiprocessingLauncher(Launcher):
         pending = dict(enumerate(conns))
         errors: dict[int, _Failure] = {}
         rank_zero: Any = None
+        preempted: tuple[str, int, str] | None = None
         deadline: float | None = None
         while pending:
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -180,6 +202,8 @@ class MultiprocessingLauncher(Launcher):
                     if status == "ok":
                         if local_rank == 0:
                             rank_zero = pickle.loads(body)
+                    elif status == "preempted":
+                        preempted = preempted or body
                     else:
                         errors[local_rank] = _Failure(local_rank, body, communication=communication)
                 if errors and deadline is None:
@@ -187,6 +211,8 @@ class MultiprocessingLauncher(Launcher):
                     deadline = time.monotonic() + self.failure_grace
         if errors:
             raise RankFailureError(_failure_report(list(errors.values()), sorted(pending)))
+        if preempted is not None:
+            raise Preempted(*preempted)
         return rank_zero
 
 

@@ -3,7 +3,10 @@
 The process the user started becomes local rank 0; ranks 1..N-1 run the same command line
 with ``LOCAL_RANK`` and the rendezvous variables set, reach the same ``Trainer.fit`` call,
 and join the group. A watcher thread ends the whole job when any rank dies, so a crash on
-one rank never leaves the others waiting; a child whose parent died exits too.
+one rank never leaves the others waiting; a child whose parent died exits too. Signals
+sent to this process (`FORWARDED_SIGNALS`) are passed on to the children while the work
+runs, and a child that exits with `PREEMPTED_EXIT_CODE` stopped for a preemption, not a
+failure.
 """
 
 from __future__ import annotations
@@ -23,8 +26,14 @@ from typing import Any
 from typing_extensions import override
 
 from accord.environments.cluster_environment import ClusterEnvironment
-from accord.errors import ConfigurationError, RankFailureError, is_communication_error
-from accord.launchers.launcher import Launcher, rank_environment
+from accord.errors import (
+    PREEMPTED_EXIT_CODE,
+    ConfigurationError,
+    Preempted,
+    RankFailureError,
+    is_communication_error,
+)
+from accord.launchers.launcher import Launcher, SignalForwarder, rank_environment
 
 __all__ = ["SubprocessScriptLauncher"]
 
@@ -70,9 +79,26 @@ class SubprocessScriptLauncher(Launcher):
         # Later fits in this script run on the children started by the first one.
         if not self.children:
             self._start_children()
+        forwarder = SignalForwarder(self._live_children)
+        forwarder.install()
+        try:
+            return self._run_rank_zero(fn, *args, **kwargs)
+        finally:
+            forwarder.restore()
+
+    def _live_children(self) -> list[int]:
+        return [child.pid for child in self.children if child.poll() is None]
+
+    def _run_rank_zero(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:
             try:
                 return fn(*args, **kwargs)
+            except Preempted:
+                # Every rank saved and stops: let the children finish their exit.
+                self._take_over()
+                self._wait_for_children(self.failure_grace)
+                self.kill()
+                raise
             except BaseException as err:
                 failure = self._take_over()
                 if failure is None and is_communication_error(err):
@@ -115,7 +141,9 @@ class SubprocessScriptLauncher(Launcher):
             failure = self._dead_child()
             if failure is not None:
                 return self._record(failure)
-            if time.monotonic() >= deadline or all(c.poll() == 0 for c in self.children):
+            if time.monotonic() >= deadline or all(
+                c.poll() in (0, PREEMPTED_EXIT_CODE) for c in self.children
+            ):
                 return None
             time.sleep(_POLL_SECONDS / 4)
 
@@ -124,7 +152,7 @@ class SubprocessScriptLauncher(Launcher):
         dead = []
         for local_rank, child in enumerate(self.children, start=1):
             code = child.poll()
-            if code not in (None, 0):
+            if code not in (None, 0, PREEMPTED_EXIT_CODE):
                 dead.append((local_rank, int(code)))
         # A rank killed by a signal did not see anything go wrong: the others that exited
         # with an error most likely lost contact with it.
@@ -153,6 +181,12 @@ class SubprocessScriptLauncher(Launcher):
             flush=True,
         )
         return failure
+
+    def _wait_for_children(self, wait: float) -> None:
+        """Wait up to ``wait`` seconds for every child to exit."""
+        deadline = time.monotonic() + wait
+        while any(c.poll() is None for c in self.children) and time.monotonic() < deadline:
+            time.sleep(_POLL_SECONDS / 4)
 
     def kill(self) -> None:
         """Stop every child this launcher started."""
@@ -188,7 +222,7 @@ class SubprocessScriptLauncher(Launcher):
             if failure is not None:
                 self._fail(failure)
                 return
-            if all(child.poll() == 0 for child in self.children):
+            if all(child.poll() in (0, PREEMPTED_EXIT_CODE) for child in self.children):
                 return
             time.sleep(_POLL_SECONDS)
 
