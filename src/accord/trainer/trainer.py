@@ -28,8 +28,11 @@ from accord.trainer.checkpointing import checkpoint_state
 from accord.trainer.connector import connect
 from accord.trainer.data import module_loader, overrides
 from accord.trainer.metrics import MetricStore
+from accord.trainer.preemption import DEFAULT_PREEMPTION_SIGNALS, SignalLike, parse_signals
+from accord.trainer.recovery import restart_checkpoint
 from accord.trainer.run import run_stage
 from accord.trainer.state import RankZeroResults, RunState
+from accord.trainer.step_decision import check_nonfinite_mode
 
 __all__ = ["Trainer"]
 
@@ -65,6 +68,18 @@ class Trainer:
         profiler: ``"collectives"`` counts the calls and time of every collective op on
             each rank and prints a table per rank at the end of each run (see
             ``trainer.collective_stats``).
+        preemption_signals: signals that stop the fit cleanly (default ``SIGTERM``; add
+            ``"SIGUSR1"`` for SLURM's ``--signal``; ``None`` or ``[]``: none). On any
+            rank, at the next optimizer step every rank saves one checkpoint and the
+            process exits with `accord.errors.PREEMPTED_EXIT_CODE` (see
+            [Preemption](../preemption.md)).
+        on_nonfinite: what every rank does when the loss is NaN or infinite on any rank:
+            ``"raise"`` (`NonFiniteValueError`, the default), ``"skip_step"`` (no
+            optimizer step, the window's gradients dropped) or ``"warn"`` (rank zero warns,
+            training goes on).
+        auto_resume: when the job was restarted (torchrun's ``--max-restarts``, a
+            requeue) and ``fit`` got no ``ckpt_path``, resume from the newest finished
+            checkpoint (as ``ckpt_path="last"``).
     """
 
     def __init__(
@@ -93,6 +108,9 @@ class Trainer:
         enable_checkpointing: bool = True,
         log_every_n_steps: int = 50,
         profiler: str | None = None,
+        preemption_signals: SignalLike | Iterable[SignalLike] | None = DEFAULT_PREEMPTION_SIGNALS,
+        on_nonfinite: str = "raise",
+        auto_resume: bool = True,
     ) -> None:
         check_positive("accumulate_grad_batches", accumulate_grad_batches)
         check_positive("check_val_every_n_epoch", check_val_every_n_epoch)
@@ -116,6 +134,9 @@ class Trainer:
             raise ConfigurationError(
                 f"profiler={profiler!r} is not known; use 'collectives' or None."
             )
+        self.preemption_signals = parse_signals(preemption_signals)
+        self.on_nonfinite = check_nonfinite_mode(on_nonfinite)
+        self.auto_resume = auto_resume
         self.strategy = connect(strategy, accelerator, devices, num_nodes, precision)
         self.profiler = profiler
         self.collective_stats_by_rank: list[dict[str, dict[str, float]]] = []
@@ -416,4 +437,6 @@ class Trainer:
         eval_loader: Iterable[Any] | None,
         ckpt_path: str | Path | None,
     ) -> Any:
+        if stage == "fit" and ckpt_path is None:
+            ckpt_path = restart_checkpoint(self)
         return run_stage(self, self._state, stage, model, train_loader, eval_loader, ckpt_path)
