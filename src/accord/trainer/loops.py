@@ -6,6 +6,7 @@ The fit loop is `accord.trainer.fit_loop.FitLoop`; it runs validation through `e
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -24,6 +25,7 @@ __all__ = [
     "log_metrics",
     "predict",
     "print_collective_stats",
+    "print_timeline_path",
     "rank_zero_loggers",
 ]
 
@@ -58,6 +60,16 @@ def print_collective_stats(stats_by_rank: list[dict[str, dict[str, float]]], sta
                 f"  {op:<18} {int(row['calls']):>7} calls  {row['seconds']:9.4f} s  "
                 f"{row['mean_ms']:8.3f} ms/call"
             )
+
+
+@rank_zero_only
+def print_timeline_path(path: Path, stage: str) -> None:
+    """Say where ``profiler="timeline"`` wrote the merged trace of ``stage``."""
+    print(
+        f"\nCollective timeline of {stage} (every rank): {path}\n"
+        "Open it in https://ui.perfetto.dev or chrome://tracing; "
+        f"`python -m accord.trace {path} --summary` names the straggler."
+    )
 
 
 @torch.no_grad()

@@ -11,7 +11,9 @@ import torch
 from lightning_utilities.core.rank_zero import rank_zero_only
 
 from accord.core.strategy import RunSettings
+from accord.core.wrappers.recorder import RecordingCollective, find_recorder, merge_timeline
 from accord.datamodule import datamodule_loaders
+from accord.errors import CollectiveError, is_communication_error
 from accord.module import Module
 from accord.trainer.checkpointing import restore
 from accord.trainer.data import prepare_loader
@@ -21,6 +23,7 @@ from accord.trainer.loops import (
     evaluate,
     predict,
     print_collective_stats,
+    print_timeline_path,
     rank_zero_loggers,
 )
 from accord.trainer.metrics import MetricStore
@@ -46,15 +49,27 @@ def run_stage(
 
     The strategy sets up its environment (the collective joins the other ranks), the
     module and optimizers are set up, a checkpoint is restored when asked, the loop
-    runs, and the strategy is torn down again, also when the run fails.
+    runs, and the strategy is torn down again, also when the run fails. With
+    ``profiler="timeline"`` every rank records its collective calls and rank 0 writes
+    them, merged, to ``collective-timeline-<stage>.json`` in the run's log directory;
+    with a call recorder on, a failure that may come from ranks out of step leaves each
+    rank's last calls in a file.
     """
     trainer.stage = stage
     state.module = model
     strategy = trainer.strategy
     if trainer.profiler == "collectives":
         strategy.enable_collective_stats().reset()
+    if trainer.profiler == "timeline":
+        _record_timeline(trainer)
     strategy.setup_environment()
     rank_zero_only.rank = strategy.global_rank  # type: ignore[attr-defined]
+    recorder = find_recorder(strategy.collective)
+    if recorder is not None:
+        # Rank 0's log directory for every rank: another rank may number versions apart.
+        recorder.share_directory(trainer.log_dir)
+        recorder.reset()
+        recorder.step_source = lambda: trainer.global_step
     if trainer.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
@@ -86,10 +101,18 @@ def run_stage(
         if trainer.profiler == "collectives":
             trainer.collective_stats_by_rank = strategy.gather_collective_stats()
             print_collective_stats(trainer.collective_stats_by_rank, stage)
+        if trainer.profiler == "timeline" and recorder is not None:
+            gathered = recorder.gather_records()
+            if gathered is not None and strategy.is_global_zero:
+                target = recorder.directory or trainer.log_dir
+                path = merge_timeline(gathered, target / f"collective-timeline-{stage}.json")
+                print_timeline_path(path, stage)
         for logger in rank_zero_loggers(trainer):
             logger.finalize("success")
         return result
     except BaseException as err:
+        if recorder is not None and _leaves_trace(err):
+            recorder.dump_on_error(err)
         for cb in trainer.callbacks:
             cb.on_exception(trainer, model, err)
         for logger in rank_zero_loggers(trainer):
@@ -101,7 +124,29 @@ def run_stage(
             datamodule.teardown(stage)
         call_callbacks(trainer, "teardown", stage)
         state.wrapped = None
+        if recorder is not None:
+            recorder.step_source = None
         strategy.teardown()
+
+
+_TIMELINE_CAPACITY = 100_000
+"""Calls each rank keeps for ``profiler="timeline"`` (older ones are dropped, and counted)."""
+
+
+def _record_timeline(trainer: Trainer) -> None:
+    """Give the strategy's collective a call recorder big enough for a timeline (or enlarge
+    the one the debug check or the watchdog brought)."""
+    strategy = trainer.strategy
+    recorder = find_recorder(strategy.collective)
+    if recorder is None:
+        strategy.collective = RecordingCollective(strategy.collective, _TIMELINE_CAPACITY)
+    elif recorder.capacity < _TIMELINE_CAPACITY:
+        recorder.capacity = _TIMELINE_CAPACITY
+
+
+def _leaves_trace(error: BaseException) -> bool:
+    """Whether ``error`` may come from ranks out of step (then each rank dumps its calls)."""
+    return isinstance(error, (CollectiveError, KeyboardInterrupt)) or is_communication_error(error)
 
 
 def _dispatch(

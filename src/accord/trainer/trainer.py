@@ -67,7 +67,10 @@ class Trainer:
         log_every_n_steps: how often step metrics go to the loggers.
         profiler: ``"collectives"`` counts the calls and time of every collective op on
             each rank and prints a table per rank at the end of each run (see
-            ``trainer.collective_stats``).
+            ``trainer.collective_stats``). ``"timeline"`` records every collective call
+            on every rank and writes them, merged, as one Chrome trace
+            (``collective-timeline-<stage>.json`` in the run's log directory; see
+            docs/debugging-hangs.md).
         preemption_signals: signals that stop the fit cleanly (default ``SIGTERM``; add
             ``"SIGUSR1"`` for SLURM's ``--signal``; ``None`` or ``[]``: none). On any
             rank, at the next optimizer step every rank saves one checkpoint and the
@@ -130,9 +133,9 @@ class Trainer:
         ):
             check_limit(name, value)
 
-        if profiler not in (None, "collectives"):
+        if profiler not in (None, "collectives", "timeline"):
             raise ConfigurationError(
-                f"profiler={profiler!r} is not known; use 'collectives' or None."
+                f"profiler={profiler!r} is not known; use 'collectives', 'timeline' or None."
             )
         self.preemption_signals = parse_signals(preemption_signals)
         self.on_nonfinite = check_nonfinite_mode(on_nonfinite)

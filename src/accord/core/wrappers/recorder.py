@@ -262,8 +262,8 @@ class RecordingCollective(CollectiveWrapper):
         except BaseException as err:
             record.end = time.perf_counter()
             record.state = _state_of(err, self._inner.rank)
-            if record.state != "failed" and isinstance(err, CollectiveError):
-                self._leave(err)
+            if record.state != "failed":
+                self.dump_on_error(err)
             raise
         record.end = time.perf_counter()
         record.state = "ok"
@@ -292,14 +292,19 @@ class RecordingCollective(CollectiveWrapper):
         record.end = record.start
         record.state = _state_of(error, self._inner.rank)
 
-    def _leave(self, error: CollectiveError) -> None:
+    def dump_on_error(self, error: BaseException) -> Path | None:
+        """`dump` this rank's calls for ``error`` and name the file at the end of its message.
+
+        Does nothing (and returns None) when the error already names a dump. A dump that
+        cannot be written is said in the message instead.
+        """
         if getattr(error, "trace_file", None) is not None:
-            return  # another recorder already wrote this rank's calls
+            return None  # another recorder already wrote this rank's calls
         try:
             path = self.dump(error)
         except OSError as err:
             _append(error, f"This rank's last collective calls could not be written: {err}.")
-            return
+            return None
         error.trace_file = path  # type: ignore[attr-defined]
         _append(
             error,
@@ -307,6 +312,19 @@ class RecordingCollective(CollectiveWrapper):
             f"{path}; `python -m accord.trace {path.parent}` compares every rank's file "
             "and prints the first call where the ranks differ.",
         )
+        return path
+
+    def share_directory(self, directory: str | Path) -> Path:
+        """Make rank 0's ``directory`` the dump directory of every rank, and return it.
+
+        Every rank must call it, after setup. The exchange runs on this layer's primitives,
+        so it is not recorded, checked or watched.
+        """
+        chosen = str(directory)
+        if self._inner.is_setup and self._inner.world_size > 1:
+            chosen = Collective.broadcast_object(self, chosen, 0)
+        self.directory = Path(chosen)
+        return self.directory
 
     # ------------------------------------------------------------------ dumps
     def dump(self, error: BaseException | None = None, directory: str | Path | None = None) -> Path:
@@ -462,7 +480,7 @@ def leave_trace(
     recorder = find_recorder(layer.inner)
     if recorder is not None and isinstance(error, CollectiveError):
         recorder.record_failure(call, error, site)
-        recorder._leave(error)
+        recorder.dump_on_error(error)
     return error
 
 
