@@ -28,6 +28,7 @@ from accord.trainer.checkpointing import checkpoint_state
 from accord.trainer.connector import connect
 from accord.trainer.data import module_loader, overrides
 from accord.trainer.metrics import MetricStore
+from accord.trainer.optimizers import SchedulerConfig
 from accord.trainer.preemption import DEFAULT_PREEMPTION_SIGNALS, SignalLike, parse_signals
 from accord.trainer.recovery import restart_checkpoint
 from accord.trainer.run import run_stage
@@ -204,6 +205,11 @@ class Trainer:
     def optimizers(self) -> list[torch.optim.Optimizer]:
         """The optimizers of the current fit."""
         return self._state.optimizers
+
+    @property
+    def lr_scheduler_configs(self) -> list[SchedulerConfig]:
+        """The LR schedulers of the current fit, with when each steps."""
+        return self._state.schedulers
 
     @property
     def logger(self) -> Logger | None:

@@ -1,0 +1,133 @@
+"""`Timer`: stop a fit after a wall-clock budget, every rank at the same step."""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from lightning_utilities.core.rank_zero import rank_zero_info
+from typing_extensions import override
+
+from accord.callbacks.callback import Callback
+from accord.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from accord.module import Module
+    from accord.trainer.trainer import Trainer
+
+__all__ = ["Timer"]
+
+_DURATION = re.compile(r"^(\d+):(\d\d):(\d\d):(\d\d)$")
+
+
+def _parse(duration: str | timedelta | dict[str, int] | None) -> timedelta | None:
+    if duration is None or isinstance(duration, timedelta):
+        return duration
+    if isinstance(duration, dict):
+        try:
+            return timedelta(**duration)
+        except TypeError as err:
+            raise ConfigurationError(
+                f"Timer(duration={duration!r}): {err}; use timedelta's keys (days, hours, "
+                "minutes, seconds)."
+            ) from None
+    match = _DURATION.match(str(duration))
+    if match is None:
+        raise ConfigurationError(
+            f"Timer(duration={duration!r}): write it as 'DD:HH:MM:SS' (e.g. '00:12:00:00'), "
+            "a timedelta, or a dict such as {'hours': 12}."
+        )
+    days, hours, minutes, seconds = (int(part) for part in match.groups())
+    return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+
+
+class Timer(Callback):
+    """Track the fit's training time and stop it once ``duration`` has passed.
+
+    The check runs after every training batch (``interval="step"``) or epoch
+    (``interval="epoch"``). Each rank reads its own clock, and the ranks agree through
+    ``strategy.reduce_boolean_decision(over_budget, all=False)``: once any rank is over
+    budget every rank stops after the same batch. The time spent is saved in checkpoints,
+    so a resumed fit counts from where it was.
+
+    Args:
+        duration: the budget: ``"DD:HH:MM:SS"``, a `datetime.timedelta`, a dict of
+            timedelta's keys, or None (only measure).
+        interval: ``"step"`` or ``"epoch"``.
+        verbose: say on rank zero when the budget stops the fit.
+    """
+
+    def __init__(
+        self,
+        duration: str | timedelta | dict[str, int] | None = None,
+        interval: str = "step",
+        verbose: bool = True,
+    ) -> None:
+        if interval not in ("step", "epoch"):
+            raise ConfigurationError(f"Timer(interval={interval!r}): use 'step' or 'epoch'.")
+        budget = _parse(duration)
+        if budget is not None and budget.total_seconds() <= 0:
+            raise ConfigurationError(f"Timer(duration={duration!r}) must be longer than zero.")
+        self.duration = budget
+        self.interval = interval
+        self.verbose = verbose
+        self._offset = 0.0
+        self._start: float | None = None
+        self._end: float | None = None
+
+    def time_elapsed(self) -> float:
+        """Seconds of training so far (including a resumed checkpoint's)."""
+        if self._start is None:
+            return self._offset
+        end = self._end if self._end is not None else time.monotonic()
+        return self._offset + end - self._start
+
+    def time_remaining(self) -> float | None:
+        """Seconds left of the budget (None without one)."""
+        if self.duration is None:
+            return None
+        return self.duration.total_seconds() - self.time_elapsed()
+
+    @override
+    def on_fit_start(self, trainer: Trainer, module: Module) -> None:
+        self._start, self._end = time.monotonic(), None
+
+    @override
+    def on_fit_end(self, trainer: Trainer, module: Module) -> None:
+        self._end = time.monotonic()
+
+    def _check(self, trainer: Trainer) -> None:
+        remaining = self.time_remaining()
+        if remaining is None:
+            return
+        if trainer.strategy.reduce_boolean_decision(remaining <= 0, all=False):
+            trainer.should_stop = True
+            if self.verbose and trainer.is_global_zero:
+                rank_zero_info(
+                    f"Timer: the {self.duration} budget is spent; training stops at step "
+                    f"{trainer.global_step}."
+                )
+
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, module: Module, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.interval == "step":
+            self._check(trainer)
+
+    @override
+    def on_train_epoch_end(self, trainer: Trainer, module: Module) -> None:
+        if self.interval == "epoch":
+            self._check(trainer)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"time_elapsed": self.time_elapsed()}
+
+    @override
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._offset = float(state.get("time_elapsed", 0.0))
+        if self._start is not None:
+            self._start = time.monotonic()
