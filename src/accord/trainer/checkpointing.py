@@ -6,21 +6,30 @@ fit continues with the batch, the shuffled order and the LR it would have had.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils.data import DataLoader
 
 from accord.callbacks.model_checkpoint import ModelCheckpoint
 from accord.checkpoint_io import CHECKPOINT_FORMAT_VERSION
 from accord.errors import CheckpointError
+from accord.trainer.data import epoch_order, resume_loader, samples_per_batch
 from accord.trainer.optimizers import step_schedulers
 from accord.trainer.state import RunState
 
 if TYPE_CHECKING:
     from accord.trainer.trainer import Trainer
 
-__all__ = ["CHECKPOINT_VERSION", "checkpoint_state", "resolve_ckpt_path", "restore"]
+__all__ = [
+    "CHECKPOINT_VERSION",
+    "checkpoint_state",
+    "epoch_batches",
+    "resolve_ckpt_path",
+    "restore",
+]
 
 CHECKPOINT_VERSION = CHECKPOINT_FORMAT_VERSION
 """The layout version written as ``accord_checkpoint_version`` (one number with
@@ -33,11 +42,18 @@ def checkpoint_state(trainer: Trainer, state: RunState) -> dict[str, Any]:
     assert state.wrapped is not None
     epoch_finished = state.batches_done >= trainer.num_training_batches
     monitors = {c.monitor for c in state.schedulers if c.monitor is not None}
+    consumed = state.samples_consumed()
     return {
         "accord_checkpoint_version": CHECKPOINT_VERSION,
+        "strategy": type(strategy).__name__,
+        "world_size": strategy.world_size,
+        # The engines that write sharded directories set it on what they write.
+        "sharded": False,
         "epoch": trainer.current_epoch,
         "global_step": trainer.global_step,
         "batches_done": state.batches_done,
+        "samples_consumed": consumed,
+        "data_order": state.epoch_order,
         "epoch_finished": epoch_finished,
         # Saved after the epoch's last batch but before its schedulers stepped (a save
         # after validation): the resume steps them, with the values they monitor now.
@@ -52,8 +68,6 @@ def checkpoint_state(trainer: Trainer, state: RunState) -> dict[str, Any]:
         "lr_schedulers": [c.scheduler.state_dict() for c in state.schedulers],
         "precision": strategy.precision_state_dict(),
         "callbacks": {cb.state_key: cb.state_dict() for cb in trainer.callbacks},
-        "hyper_parameters": dict(state.module.hparams) if state.module is not None else {},
-        "datamodule": trainer.datamodule.state_dict() if trainer.datamodule is not None else {},
         "rng_epoch_start": state.rng_epoch_start,
         "rng": torch.get_rng_state(),
     }
@@ -180,8 +194,6 @@ def restore(trainer: Trainer, state: RunState, ckpt_path: str | Path, stage: str
     for cb in trainer.callbacks:
         if cb.state_key in checkpoint.get("callbacks", {}):
             cb.load_state_dict(checkpoint["callbacks"][cb.state_key])
-    if trainer.datamodule is not None and "datamodule" in checkpoint:
-        trainer.datamodule.load_state_dict(checkpoint["datamodule"])
     trainer.global_step = int(checkpoint["global_step"])
     _restore_position(trainer, state, checkpoint, finished)
 
@@ -201,4 +213,37 @@ def _restore_position(
         state.skip_batches = int(checkpoint["batches_done"])
         start = checkpoint.get("rng_epoch_start")
         state.resume_rng = (start, checkpoint["rng"]) if has_rng else None
+        order, consumed = checkpoint.get("data_order"), checkpoint.get("samples_consumed")
+        if isinstance(order, dict) and isinstance(consumed, int):
+            state.resume_position = (order, consumed)
     state.batches_done = state.skip_batches
+
+
+def epoch_batches(
+    trainer: Trainer, state: RunState, loader: Iterable[Any]
+) -> tuple[Iterator[Any], int]:
+    """This rank's batches of the epoch that starts, and the index of the first one.
+
+    After a mid-epoch resume the epoch continues with the positions of the checkpoint's
+    global order that no rank had consumed, dealt over this run's ranks (whatever their
+    number and batch size); an order accord cannot reproduce is resumed by skipping the
+    batches done, which is exact only on the world size that saved it. Records the epoch's
+    order in ``state`` for the next checkpoint.
+    """
+    kwargs = trainer.strategy.distributed_sampler_kwargs
+    replicas, rank = (kwargs["num_replicas"], kwargs["rank"]) if kwargs else (1, 0)
+    resume, state.resume_position = state.resume_position, None
+    skip, state.skip_batches = state.skip_batches, 0
+    state.samples_per_batch = samples_per_batch(loader, replicas)
+    state.epoch_order = epoch_order(loader, state.rng_epoch_start)
+    state.epoch_samples_start = state.epoch_batch_start = 0
+    if resume is not None and state.samples_per_batch and isinstance(loader, DataLoader):
+        order, consumed = resume
+        start = consumed // state.samples_per_batch
+        state.epoch_order, state.epoch_samples_start = order, consumed
+        state.epoch_batch_start = state.batches_done = start
+        return iter(resume_loader(loader, order, consumed, replicas, rank)), start
+    iterator = iter(loader)
+    for _ in range(skip):
+        next(iterator, None)
+    return iterator, skip

@@ -3,26 +3,33 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
+import torch
 from torch.utils.data import (
     BatchSampler,
     DataLoader,
     DistributedSampler,
     IterableDataset,
     RandomSampler,
+    Sampler,
+    SequentialSampler,
 )
 
-from accord.errors import ConfigurationError
+from accord.errors import CheckpointError, ConfigurationError
 from accord.module import Module
 
 __all__ = [
+    "epoch_order",
+    "global_order",
     "module_loader",
     "num_batches",
     "overrides",
     "prepare_loader",
+    "resume_loader",
     "sampler_of",
+    "samples_per_batch",
     "set_epoch",
 ]
 
@@ -104,16 +111,23 @@ def prepare_loader(
     sampler: DistributedSampler[Any] = DistributedSampler(
         loader.dataset, shuffle=shuffle, drop_last=False, **sampler_kwargs
     )
-    extra: dict[str, Any] = {}
-    if loader.num_workers > 0:
-        extra = {
-            "prefetch_factor": loader.prefetch_factor,
-            "persistent_workers": loader.persistent_workers,
-        }
     if given is not None:
-        extra["batch_sampler"] = BatchSampler(sampler, given.batch_size, given.drop_last)
-    else:
-        extra.update(batch_size=loader.batch_size, sampler=sampler, drop_last=loader.drop_last)
+        return _rebuild(
+            loader, batch_sampler=BatchSampler(sampler, given.batch_size, given.drop_last)
+        )
+    return _rebuild(
+        loader, batch_size=loader.batch_size, sampler=sampler, drop_last=loader.drop_last
+    )
+
+
+def _rebuild(loader: DataLoader[Any], **batching: Any) -> DataLoader[Any]:
+    """A loader like ``loader`` over the same dataset, batched as ``batching`` says."""
+    extra: dict[str, Any] = dict(batching)
+    if loader.num_workers > 0:
+        extra.update(
+            prefetch_factor=loader.prefetch_factor,
+            persistent_workers=loader.persistent_workers,
+        )
     return DataLoader(
         loader.dataset,
         num_workers=loader.num_workers,
@@ -140,3 +154,143 @@ def num_batches(loader: Iterable[Any], limit: int | float | None) -> int:
     else:
         count = min(limit, available)
     return int(count) if count != math.inf else _UNBOUNDED
+
+
+def epoch_order(
+    loader: Iterable[Any], rng_epoch_start: torch.Tensor | None
+) -> dict[str, Any] | None:
+    """How ``loader`` orders this epoch's samples over all ranks, as a checkpoint records it.
+
+    The record names one global order of dataset indices (see `global_order`): a
+    `DistributedSampler`'s (its seed, epoch and padding, whatever the number of ranks), a
+    `SequentialSampler`'s, or a `RandomSampler`'s drawn from the global RNG as it was when
+    the epoch's iterator was made (``rng_epoch_start``). Each rank's batches take the
+    positions of that order round-robin, so ``batches * batch_size * ranks`` positions from
+    its start are consumed. None for an order accord cannot reproduce (an iterable dataset,
+    a custom sampler, a sampler or loader with its own generator).
+    """
+    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+        return None
+    if _batch_size(loader) is None:
+        return None
+    sampler = sampler_of(loader)
+    length = len(loader.dataset)  # type: ignore[arg-type]
+    if isinstance(sampler, DistributedSampler):
+        return {
+            "kind": "distributed",
+            "dataset_length": length,
+            "length": sampler.total_size,
+            "shuffle": bool(sampler.shuffle),
+            "seed": int(sampler.seed),
+            "epoch": int(sampler.epoch),
+            "drop_last": bool(sampler.drop_last),
+        }
+    if type(sampler) is SequentialSampler:
+        return {"kind": "sequential", "dataset_length": length, "length": length}
+    if (
+        type(sampler) is RandomSampler
+        and not sampler.replacement
+        and sampler._num_samples is None
+        and sampler.generator is None
+        and loader.generator is None
+        and rng_epoch_start is not None
+    ):
+        return {
+            "kind": "random",
+            "dataset_length": length,
+            "length": length,
+            "rng": rng_epoch_start.clone(),
+        }
+    return None
+
+
+def global_order(order: dict[str, Any]) -> list[int]:
+    """The dataset indices of one epoch, in the order `epoch_order` recorded.
+
+    Raises:
+        CheckpointError: ``order`` is not a record `epoch_order` writes.
+    """
+    kind, length = order.get("kind"), int(order.get("dataset_length", -1))
+    if kind == "sequential":
+        return list(range(length))
+    if kind == "random":
+        # A DataLoader over a RandomSampler draws its workers' base seed, then the
+        # sampler's seed, from the global RNG; replay both from the epoch's start.
+        saved = torch.get_rng_state()
+        try:
+            torch.set_rng_state(order["rng"])
+            torch.empty((), dtype=torch.int64).random_()
+            seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        finally:
+            torch.set_rng_state(saved)
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+        return list(torch.randperm(length, generator=generator).tolist())
+    if kind == "distributed":
+        if order["shuffle"]:
+            generator = torch.Generator()
+            generator.manual_seed(int(order["seed"]) + int(order["epoch"]))
+            indices: list[int] = torch.randperm(length, generator=generator).tolist()
+        else:
+            indices = list(range(length))
+        total = int(order["length"])
+        if order["drop_last"] or total <= len(indices):
+            return indices[:total]
+        padding = total - len(indices)
+        repeats = math.ceil(padding / len(indices))
+        return indices + (indices * repeats)[:padding]
+    raise CheckpointError(
+        f"The checkpoint's data order {kind!r} is not one accord writes; the checkpoint is "
+        "damaged or from another program. Resume from an epoch's end, or another checkpoint."
+    )
+
+
+def samples_per_batch(loader: Iterable[Any], num_replicas: int) -> int | None:
+    """Positions of the epoch's global order one batch on every rank consumes, or None."""
+    size = _batch_size(loader) if isinstance(loader, DataLoader) else None
+    return None if size is None else size * num_replicas
+
+
+def resume_loader(
+    loader: DataLoader[Any], order: dict[str, Any], consumed: int, num_replicas: int, rank: int
+) -> DataLoader[Any]:
+    """This rank's loader for the rest of an epoch begun under another run.
+
+    The positions of the epoch's global order (``order``, see `epoch_order`) from
+    ``consumed`` on are dealt round-robin over the ``num_replicas`` ranks of this run (the
+    last ones repeated from the start of the rest, as `DistributedSampler` pads, so every
+    rank gets as many), and batched as ``loader`` batches.
+    """
+    rest = global_order(order)[consumed:]
+    if rest and len(rest) % num_replicas:
+        padding = num_replicas - len(rest) % num_replicas
+        rest = rest + (rest * math.ceil(padding / len(rest)))[:padding]
+    sampler = _Indices(rest[rank::num_replicas])
+    given = loader.batch_sampler if loader.batch_size is None else None
+    if given is not None:
+        size, drop_last = _batch_size(loader), bool(getattr(given, "drop_last", False))
+        assert size is not None
+        return _rebuild(loader, batch_sampler=BatchSampler(sampler, size, drop_last))
+    return _rebuild(
+        loader, batch_size=loader.batch_size, sampler=sampler, drop_last=loader.drop_last
+    )
+
+
+def _batch_size(loader: DataLoader[Any]) -> int | None:
+    if loader.batch_size is not None:
+        return int(loader.batch_size)
+    size = getattr(loader.batch_sampler, "batch_size", None)
+    return size if isinstance(size, int) else None
+
+
+class _Indices(Sampler[int]):
+    """Yields the given dataset indices, in order."""
+
+    def __init__(self, indices: list[int]) -> None:
+        self.indices = indices
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)

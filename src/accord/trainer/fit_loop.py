@@ -10,6 +10,7 @@ from lightning_utilities.core.rank_zero import rank_zero_warn
 
 from accord.errors import ConfigurationError
 from accord.module import Module
+from accord.trainer.checkpointing import epoch_batches
 from accord.trainer.data import num_batches, overrides, set_epoch
 from accord.trainer.loops import call_callbacks, evaluate, log_metrics
 from accord.trainer.optimizers import optimizer_step, step_schedulers
@@ -128,10 +129,7 @@ class FitLoop:
             start, at_save = resume
             torch.set_rng_state(start if start is not None else at_save)
         state.rng_epoch_start = torch.get_rng_state()
-        iterator = iter(loader)
-        skip, state.skip_batches = state.skip_batches, 0
-        for _ in range(skip):
-            next(iterator, None)
+        iterator, skip = epoch_batches(self.trainer, state, loader)
         if resume is not None and resume[0] is not None:
             torch.set_rng_state(resume[1])
         for batch_idx, batch in enumerate(iterator, start=skip):

@@ -33,6 +33,15 @@ class RunState:
         epoch_schedulers_stepped: whether the current epoch's epoch-interval schedulers
             stepped; a checkpoint taken at the end of an epoch before they did (after
             validation) steps them on resume.
+        resume_position: a mid-epoch checkpoint's data position (the epoch's global
+            order, as `accord.trainer.data.epoch_order` records it, and the positions of
+            it consumed), taken up when the next epoch starts.
+        epoch_order: the current epoch's global order of samples, or None where accord
+            cannot reproduce it.
+        epoch_samples_start: positions of that order consumed before this run's iterator
+            over the epoch began (not zero in an epoch resumed mid-way).
+        epoch_batch_start: the index of that iterator's first batch.
+        samples_per_batch: positions one batch on every rank consumes, or None.
     """
 
     module: Module | None = None
@@ -45,6 +54,20 @@ class RunState:
     rng_epoch_start: torch.Tensor | None = None
     resume_rng: tuple[torch.Tensor | None, torch.Tensor] | None = None
     epoch_schedulers_stepped: bool = False
+    resume_position: tuple[dict[str, Any], int] | None = None
+    epoch_order: dict[str, Any] | None = None
+    epoch_samples_start: int = 0
+    epoch_batch_start: int = 0
+    samples_per_batch: int | None = None
+
+    def samples_consumed(self) -> int | None:
+        """Positions of the current epoch's global order consumed so far, on all ranks
+        together (None where the order is unknown)."""
+        if self.epoch_order is None or self.samples_per_batch is None:
+            return None
+        done = self.batches_done - self.epoch_batch_start
+        consumed = self.epoch_samples_start + done * self.samples_per_batch
+        return min(consumed, int(self.epoch_order["length"]))
 
 
 @dataclass

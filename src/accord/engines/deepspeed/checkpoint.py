@@ -86,6 +86,7 @@ def save_engine_checkpoint(
         shutil.rmtree(target / tag, ignore_errors=True)  # what a killed save left
     strategy.barrier("deepspeed_save_checkpoint_prepare")
     client = {k: v for k, v in checkpoint.items() if k not in _ENGINE_KEYS}
+    client["sharded"] = True
     engine.save_checkpoint(
         str(target), tag=tag, client_state={_CLIENT_KEY: client}, save_latest=False
     )

@@ -96,6 +96,7 @@ def save_sharded(
     for index, state in enumerate(optimizer_states):
         tensors[f"optimizer_{index}"] = state
     meta = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
+    meta["sharded"] = True
     meta["fsdp_sharded"] = {
         "optimizer_count": len(optimizer_states),
         "world_size": strategy.world_size,
