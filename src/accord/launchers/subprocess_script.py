@@ -29,6 +29,7 @@ from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import (
     PREEMPTED_EXIT_CODE,
     ConfigurationError,
+    NonFiniteValueError,
     Preempted,
     RankFailureError,
     is_communication_error,
@@ -93,9 +94,10 @@ class SubprocessScriptLauncher(Launcher):
         try:
             try:
                 return fn(*args, **kwargs)
-            except Preempted:
-                # Every rank saved and stops: let the children finish their exit.
-                self._take_over()
+            except (Preempted, NonFiniteValueError):
+                # Every rank stops with this in the same step: let the children finish
+                # their own exit instead of killing them mid-save or mid-report.
+                self._stand_down()
                 self._wait_for_children(self.failure_grace)
                 self.kill()
                 raise
@@ -181,6 +183,12 @@ class SubprocessScriptLauncher(Launcher):
             flush=True,
         )
         return failure
+
+    def _stand_down(self) -> None:
+        """The main thread handles the end of the run; the watcher no longer acts."""
+        with self._lock:
+            self._handling = True
+            self._handled.set()
 
     def _wait_for_children(self, wait: float) -> None:
         """Wait up to ``wait`` seconds for every child to exit."""

@@ -55,7 +55,10 @@ def parse_signals(value: SignalLike | Iterable[SignalLike] | None) -> tuple[sign
     """
     if value is None:
         return ()
-    items: list[Any] = [value] if isinstance(value, int | str) else list(value)
+    if isinstance(value, int | str) or not isinstance(value, Iterable):
+        items: list[Any] = [value]
+    else:
+        items = list(value)
     result: list[signal.Signals] = []
     for item in items:
         sig = _one_signal(item)
