@@ -75,6 +75,24 @@ def first_divergence(ranks: Sequence[RankCalls]) -> Divergence | None:
             if rank in missing
         }
         return Divergence(seq, expected, at, sorted(missing), no_dump, last)
+    return _timed_out(ranks, present, no_dump)
+
+
+def _timed_out(
+    ranks: Sequence[RankCalls],
+    present: dict[int, dict[int, dict[str, Any]]],
+    no_dump: list[int],
+) -> Divergence | None:
+    """Where the kept records agree, but a rank timed out waiting for ranks that left no
+    file: that call is where they part."""
+    for entry in ranks:
+        for seq, call in sorted(entry.group_calls.items()):
+            if call.get("state") == "timeout":
+                at: dict[int, dict[str, Any] | None] = {
+                    rank: calls.get(seq) for rank, calls in sorted(present.items())
+                }
+                missing = sorted(set(entry.missing_ranks))
+                return Divergence(seq, call, at, missing, no_dump, {})
     return None
 
 

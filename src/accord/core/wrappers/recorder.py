@@ -397,7 +397,7 @@ class RecordingCollective(CollectiveWrapper):
 
 # Frames that only pass a call along: never named as the accord line that made it.
 _PLUMBING = ("accord.core.wrappers", "accord.core.collective", "accord.core.buffers",
-             "accord.core.objects", "accord.collectives")  # fmt: skip
+             "accord.core.objects", "accord.core.strategy", "accord.collectives")  # fmt: skip
 _UNKNOWN = CallSite("<unknown>", 0, "<unknown>")
 
 
