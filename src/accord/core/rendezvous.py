@@ -6,21 +6,29 @@ port again while the previous group's sockets close. Before the group is formed,
 check in on the store and wait for each other at most `rendezvous_timeout()`: a node that
 never starts ends in a `CollectiveTimeoutError` naming the missing ranks, not in a wait as
 long as an op's timeout.
+
+When the address is a loopback one (a single-machine job: `LocalEnvironment`'s default
+``127.0.0.1``), rank 0 listens on that address only (`listen_on_loopback`), not on every
+interface as torch's store does, and gloo listens on the loopback interface
+(``GLOO_SOCKET_IFNAME``, unless it is set); other addresses keep torch's behaviour.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import socket
 import time
 from datetime import timedelta
 from typing import Any
 
-from accord.errors import CollectiveTimeoutError, ConfigurationError
+from accord.errors import CollectiveError, CollectiveTimeoutError, ConfigurationError
 
 __all__ = [
     "DEFAULT_RENDEZVOUS_TIMEOUT",
     "RENDEZVOUS_TIMEOUT_ENV_VAR",
     "init_group_on_shared_store",
+    "listen_on_loopback",
     "rendezvous_timeout",
 ]
 
@@ -57,6 +65,63 @@ def rendezvous_timeout() -> timedelta:
     return timedelta(seconds=seconds)
 
 
+def listen_on_loopback(address: str, port: int) -> int | None:
+    """A listening socket on ``address:port`` for a TCPStore's ``master_listen_fd``, when
+    ``address`` is a loopback address or a name that resolves only to loopback addresses;
+    None for any other address (the store then listens on every interface, torch's way).
+
+    The caller owns the returned file descriptor; a TCPStore given it closes it. Port 0
+    picks a free port (``TCPStore.port`` tells which).
+
+    Raises:
+        CollectiveError: the port is taken (or cannot be bound) on that address.
+    """
+    target = _loopback(address, port)
+    if target is None:
+        return None
+    family, kind, proto, _, where = target
+    listener = socket.socket(family, kind, proto)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(where)
+        listener.listen(socket.SOMAXCONN)
+    except OSError as err:
+        listener.close()
+        raise CollectiveError(
+            f"Could not listen on {where[0]}:{port} for the ranks' store: {err}. Another "
+            "process uses that port: pick a free one (MASTER_PORT) or leave it unset."
+        ) from err
+    return listener.detach()
+
+
+def _loopback(address: str, port: int) -> Any:
+    """``address``'s getaddrinfo entry (IPv4 first) when it is loopback only, else None."""
+    try:
+        found = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return None
+    loopback = [info for info in found if ipaddress.ip_address(info[4][0]).is_loopback]
+    if not loopback or len(loopback) != len(found):
+        return None
+    # IPv4 first: torch's clients try every address a name resolves to.
+    return min(loopback, key=lambda info: info[0] != socket.AF_INET)
+
+
+def _gloo_on_loopback() -> None:
+    """Make gloo listen on the loopback interface, unless ``GLOO_SOCKET_IFNAME`` says where.
+
+    Gloo otherwise listens on the address the host name resolves to, which on most machines
+    is reachable from the network.
+    """
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return
+    names = {name for _, name in socket.if_nameindex()}
+    for name in ("lo", "lo0"):
+        if name in names:
+            os.environ["GLOO_SOCKET_IFNAME"] = name
+            return
+
+
 _STORES: dict[tuple[str, int], tuple[Any, int]] = {}
 
 
@@ -71,7 +136,12 @@ def _rendezvous_store(address: str, port: int, host: bool, timeout: timedelta) -
     store, generation = _STORES.get(key, (None, -1))
     if store is None:
         store = dist.TCPStore(  # type: ignore[attr-defined]
-            address, port, is_master=host, timeout=timeout, wait_for_workers=False
+            address,
+            port,
+            is_master=host,
+            timeout=timeout,
+            wait_for_workers=False,
+            master_listen_fd=listen_on_loopback(address, port) if host else None,
         )
     else:
         store.set_timeout(timeout)
@@ -93,7 +163,9 @@ def init_group_on_shared_store(
 
     wait = rendezvous_timeout()
     try:
-        store, generation = _rendezvous_store(address, port, rank == 0, wait)
+        # Under torchrun the agent serves the store on MASTER_PORT; every rank joins it.
+        host = rank == 0 and not _agent_serves_store()
+        store, generation = _rendezvous_store(address, port, host, wait)
     except dist.DistNetworkError as err:
         if rank == 0:  # rank 0 serves the store: it could not listen there
             raise
@@ -106,14 +178,35 @@ def init_group_on_shared_store(
             rank=rank,
             missing_ranks=[0],
         ) from err
-    group_store = dist.PrefixStore(f"accord/{generation}/", store)  # type: ignore[attr-defined]
+    prefix = f"{_attempt_prefix()}accord/{generation}/"
+    group_store = dist.PrefixStore(prefix, store)  # type: ignore[attr-defined]
     _wait_for_every_rank(group_store, address, port, rank, world_size, wait)
     # From here on the store serves the group's own traffic (gloo's connections, sub-groups),
     # which may wait as long as an op.
     store.set_timeout(timeout)
+    if "gloo" in backend and _loopback(address, port) is not None:
+        _gloo_on_loopback()
     dist.init_process_group(
         backend, store=group_store, rank=rank, world_size=world_size, timeout=timeout
     )
+
+
+def _agent_serves_store() -> bool:
+    """Whether torchelastic's agent serves the store on ``MASTER_PORT`` (torchrun sets
+    ``TORCHELASTIC_USE_AGENT_STORE=True``), so no rank may serve one there."""
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+
+def _attempt_prefix() -> str:
+    """A key prefix per torchelastic attempt, or ``""`` outside torchrun's agent store.
+
+    The agent's store outlives a restarted group: the keys of an earlier attempt (its
+    check-ins, gloo's addresses) are still there, and a restarted group that read them
+    would wait forever for ranks that are gone.
+    """
+    if not _agent_serves_store():
+        return ""
+    return f"torchelastic/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
 
 
 def _seconds(value: timedelta) -> str:

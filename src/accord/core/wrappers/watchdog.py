@@ -46,6 +46,7 @@ from typing_extensions import Self, override
 
 from accord.core.collective import Collective
 from accord.core.process_group import as_timedelta
+from accord.core.rendezvous import listen_on_loopback
 from accord.core.wrappers.recorder import leave_trace
 from accord.core.wrappers.wrapper import CallSite, CollectiveWrapper, OpCall, call_site
 from accord.errors import (
@@ -82,7 +83,9 @@ class WatchdogCollective(CollectiveWrapper):
         timeout: seconds (or a timedelta) a rank may wait for the others to reach the
             same call.
         host: address of rank 0, where the watchdog's TCPStore listens on a free port
-            (default: ``MASTER_ADDR``, else ``127.0.0.1``). Every rank must reach it.
+            (default: ``MASTER_ADDR``, else ``127.0.0.1``). Every rank must reach it. A
+            loopback host is the only address the store listens on; for any other it
+            listens on every interface.
         dump_stacks: write this rank's Python stacks to stderr on a timeout.
     """
 
@@ -128,9 +131,19 @@ class WatchdogCollective(CollectiveWrapper):
         port, problem = -1, ""
         if rank == 0:
             try:
-                store = TCPStore(host, 0, None, True, self.timeout, wait_for_workers=False)
+                # On a loopback host (a one-machine job) only loopback can reach the store.
+                listener = listen_on_loopback(host, 0)
+                store = TCPStore(
+                    host,
+                    0,
+                    None,
+                    True,
+                    self.timeout,
+                    wait_for_workers=False,
+                    master_listen_fd=listener,
+                )
                 port = store.port
-            except RuntimeError as err:
+            except (RuntimeError, CollectiveError) as err:
                 problem = str(err)
         # Rank 0 names its port (or -1 when its store failed, so no rank waits for it).
         port = Collective.broadcast_object(self, port, 0)
