@@ -18,6 +18,9 @@ __all__ = ["CSVLogger"]
 class CSVLogger(Logger):
     """Write metrics to ``<save_dir>/<name>/version_<n>/metrics.csv``.
 
+    As in Lightning, each row has a ``step`` (optimizer steps done before the batch that
+    logged, so the first is 0) and, from the Trainer, the ``epoch``.
+
     Rows are buffered and the file is rewritten whole when a new column appears, so the
     header always lists every metric.
 
@@ -48,7 +51,8 @@ class CSVLogger(Logger):
 
     @override
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        self.rows.append({"step": step, **{k: float(v) for k, v in metrics.items()}})
+        values = {k: v if isinstance(v, int) else float(v) for k, v in metrics.items()}
+        self.rows.append({"step": step, **values})
         if len(self.rows) - self._written >= self.flush_every:
             self.save()
 

@@ -75,6 +75,8 @@ class FitLoop:
         )
         trainer.num_training_batches = num_batches(train_loader, trainer.limits["train"])
         trainer.should_stop = False
+        if self._nothing_to_train(train_loader):
+            return
         self.signals.install()
         try:
             self._run(model, train_loader, val_loader)
@@ -110,6 +112,39 @@ class FitLoop:
         model.on_train_end()
         call_callbacks(trainer, "on_fit_end")
         model.on_fit_end()
+
+    def _nothing_to_train(self, loader: Iterable[Any]) -> bool:
+        """Say why a fit would train nothing: an empty loader (an error), no batches
+        allowed or a run already finished (warnings). True when the fit stops here."""
+        trainer = self.trainer
+        if trainer.num_training_batches == 0 and getattr(loader, "__len__", None) is not None:
+            if len(loader) == 0:  # type: ignore[arg-type]
+                raise ConfigurationError(
+                    "The training loader has no batches (its dataset is empty, or smaller than "
+                    "one batch with drop_last=True), so fit() has nothing to train on. Check "
+                    "the dataset and the loader's batch_size."
+                )
+            rank_zero_warn(
+                f"limit_train_batches={trainer.limits['train']!r} leaves no training batch, so "
+                "fit() trains nothing and stops. Set it to at least 1 batch (or a fraction "
+                "that covers one); to only evaluate, call trainer.validate().",
+                category=UserWarning,
+            )
+            return True
+        if self._done():
+            limit = (
+                f"max_steps={trainer.max_steps} (global_step={trainer.global_step})"
+                if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps
+                else f"max_epochs={trainer.max_epochs} (current_epoch={trainer.current_epoch})"
+            )
+            rank_zero_warn(
+                f"fit() did nothing: this run already reached {limit}, so no epoch is left "
+                "to train. Raise max_epochs/max_steps to train further (with "
+                "ckpt_path= to resume), or create a new Trainer to train again.",
+                category=UserWarning,
+            )
+            return True
+        return False
 
     def _done(self) -> bool:
         trainer = self.trainer
@@ -152,6 +187,7 @@ class FitLoop:
         multi_rank = strategy.world_size > 1
         ran = skipped = 0
         for batch_idx, batch in self._epoch_batches(loader):
+            trainer.logger_step = trainer.global_step
             batch = strategy.batch_to_device(batch)
             strategy.on_train_batch_start(batch_idx, last=batch_idx + 1 == total)
             model.on_train_batch_start(batch, batch_idx)

@@ -45,8 +45,11 @@ def log_metrics(trainer: Trainer, metrics: Mapping[str, float]) -> None:
     """Record ``metrics`` in `Trainer.logged_metrics` and send them to the loggers."""
     if metrics:
         trainer.logged_metrics.update(metrics)
+        # As Lightning's loggers see them: the epoch as a column, and the step counted
+        # from 0 (optimizer steps done before the batch that logged).
+        row = {**metrics, "epoch": trainer.current_epoch}
         for logger in rank_zero_loggers(trainer):
-            logger.log_metrics(metrics, trainer.global_step)
+            logger.log_metrics(row, trainer.logger_step)
 
 
 @rank_zero_only

@@ -12,11 +12,11 @@ from lightning_utilities.core.rank_zero import rank_zero_only
 
 from accord.core.strategy import RunSettings
 from accord.core.wrappers.recorder import RecordingCollective, find_recorder, merge_timeline
-from accord.datamodule import datamodule_loaders
+from accord.datamodule import datamodule_loaders, warn_unused_val_loader
 from accord.errors import CollectiveError, is_communication_error
 from accord.module import Module
 from accord.trainer.checkpointing import restore
-from accord.trainer.data import prepare_loader
+from accord.trainer.data import overrides, prepare_loader
 from accord.trainer.fit_loop import FitLoop
 from accord.trainer.loops import (
     call_callbacks,
@@ -87,6 +87,9 @@ def run_stage(
         call_callbacks(trainer, "setup", stage)
         if datamodule is not None:
             train_loader, eval_loader = datamodule_loaders(trainer, model, datamodule, stage)
+        elif stage == "fit" and eval_loader is not None and not overrides(model, "validation_step"):
+            warn_unused_val_loader(model)
+            eval_loader = None
         model.setup(stage)
         state.wrapped = strategy.setup_module(model)
         if stage == "fit":
