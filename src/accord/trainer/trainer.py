@@ -287,9 +287,6 @@ class Trainer:
                 train_dataloaders = module_loader(model, "train_dataloader")
             if val_dataloaders is None and overrides(model, "validation_step"):
                 val_dataloaders = module_loader(model, "val_dataloader", required=False)
-            elif val_dataloaders is not None and not overrides(model, "validation_step"):
-                warn_unused_val_loader(model)
-                val_dataloaders = None
         self._launch("fit", model, train_dataloaders, val_dataloaders, ckpt_path)
 
     def validate(
