@@ -20,7 +20,6 @@ from accord.callbacks.callback import Callback
 from accord.callbacks.model_checkpoint import ModelCheckpoint
 from accord.core.strategy import Strategy
 from accord.datamodule import DataModule, check_datamodule
-from accord.datamodule import DataModule, check_datamodule, warn_unused_val_loader
 from accord.errors import ConfigurationError
 from accord.loggers.logger import Logger
 from accord.module import Module
