@@ -68,6 +68,8 @@ def checkpoint_state(trainer: Trainer, state: RunState) -> dict[str, Any]:
         "lr_schedulers": [c.scheduler.state_dict() for c in state.schedulers],
         "precision": strategy.precision_state_dict(),
         "callbacks": {cb.state_key: cb.state_dict() for cb in trainer.callbacks},
+        "hyper_parameters": dict(state.module.hparams) if state.module is not None else {},
+        "datamodule": trainer.datamodule.state_dict() if trainer.datamodule is not None else {},
         "rng_epoch_start": state.rng_epoch_start,
         "rng": torch.get_rng_state(),
     }
@@ -194,6 +196,8 @@ def restore(trainer: Trainer, state: RunState, ckpt_path: str | Path, stage: str
     for cb in trainer.callbacks:
         if cb.state_key in checkpoint.get("callbacks", {}):
             cb.load_state_dict(checkpoint["callbacks"][cb.state_key])
+    if trainer.datamodule is not None and "datamodule" in checkpoint:
+        trainer.datamodule.load_state_dict(checkpoint["datamodule"])
     trainer.global_step = int(checkpoint["global_step"])
     _restore_position(trainer, state, checkpoint, finished)
 
