@@ -115,7 +115,7 @@ def main() -> None:
     trainer = accord.Trainer(
         strategy=strategy,
         accelerator="cpu",
-        devices="auto" if torchrun else 2,
+        devices=int(os.environ["LOCAL_WORLD_SIZE"]) if torchrun else 2,
         max_epochs=3,
         default_root_dir=root,
         callbacks=callbacks,
