@@ -17,7 +17,9 @@ class SLURMEnvironment(ClusterEnvironment):
     """Ranks from ``SLURM_PROCID``/``SLURM_LOCALID``/``SLURM_NODEID``; one task per device.
 
     The main address is the first host of ``SLURM_NODELIST``; the port is ``MASTER_PORT``
-    if set, else derived from the job id so every task computes the same one.
+    if set, else derived from the job id and the step id, so every task of a step computes
+    the same one and steps that run at the same time (two ``srun`` in one job, the tasks of
+    a job array) get different ones.
     """
 
     @property
@@ -37,8 +39,11 @@ class SLURMEnvironment(ClusterEnvironment):
     def main_port(self) -> int:
         if "MASTER_PORT" in os.environ:
             return int(os.environ["MASTER_PORT"])
-        job_id = int(os.environ.get("SLURM_JOB_ID", "0") or 0)
-        return 10000 + job_id % 20000
+        job_id = _int_variable("SLURM_JOB_ID", 0)
+        step_id = _int_variable("SLURM_STEP_ID", 0)
+        # Job ids are unique per cluster (each task of an array has its own); a job's
+        # concurrent steps differ in their step id. 64 steps per job before ports repeat.
+        return _PORT_BASE + (job_id * 64 + step_id % 64) % _PORT_RANGE
 
     @staticmethod
     @override
@@ -72,17 +77,62 @@ class SLURMEnvironment(ClusterEnvironment):
 
     @override
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
-        per_node = os.environ.get("SLURM_NTASKS_PER_NODE")
-        if per_node and per_node.isdigit() and int(per_node) != num_devices:
+        nodes = _int_variable("SLURM_STEP_NUM_NODES", _int_variable("SLURM_NNODES", 0))
+        if nodes and nodes != num_nodes:
             raise ConfigurationError(
-                f"Trainer(devices={num_devices}) disagrees with --ntasks-per-node={per_node}. "
-                "Request one SLURM task per device."
+                f"Trainer(num_nodes={num_nodes}) disagrees with the SLURM job step, which runs "
+                f"on {nodes} node(s) (SLURM_STEP_NUM_NODES). Pass num_nodes={nodes}, or "
+                f"srun --nodes={num_nodes}."
+            )
+        per_node = _tasks_per_node()
+        if per_node is not None and any(count != num_devices for count in per_node):
+            flag = os.environ.get("SLURM_NTASKS_PER_NODE")
+            asked = f"--ntasks-per-node={flag}" if flag else f"{per_node[0]} tasks per node"
+            raise ConfigurationError(
+                f"Trainer(devices={num_devices}) disagrees with the SLURM job step's {asked} "
+                f"(SLURM_STEP_TASKS_PER_NODE={os.environ.get('SLURM_STEP_TASKS_PER_NODE')}). "
+                "Start one SLURM task per device: pass devices equal to --ntasks-per-node, "
+                "or srun --ntasks-per-node equal to devices."
             )
         if num_nodes * num_devices != self.world_size():
             raise ConfigurationError(
                 f"Trainer(devices={num_devices}, num_nodes={num_nodes}) needs "
-                f"{num_devices * num_nodes} SLURM tasks, but SLURM_NTASKS={self.world_size()}."
+                f"{num_devices * num_nodes} SLURM tasks, but SLURM_NTASKS={self.world_size()}. "
+                "Start one SLURM task per device (srun --ntasks-per-node=devices)."
             )
+
+
+_PORT_BASE = 10000
+_PORT_RANGE = 20000
+
+
+def _int_variable(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigurationError(
+            f"{name}={raw!r} is not an integer; SLURM sets it. Unset it, or start the job "
+            "with srun."
+        ) from None
+
+
+def _tasks_per_node() -> list[int] | None:
+    """The step's task count per node, from ``SLURM_STEP_TASKS_PER_NODE`` (``2(x3),1``),
+    else ``SLURM_NTASKS_PER_NODE``; None when neither says."""
+    layout = os.environ.get("SLURM_STEP_TASKS_PER_NODE", "").strip()
+    if not layout:
+        flag = os.environ.get("SLURM_NTASKS_PER_NODE", "").strip()
+        return [int(flag)] if flag.isdigit() else None
+    counts: list[int] = []
+    for part in layout.split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if match is None:
+            return None
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    return counts
 
 
 def first_host(nodelist: str) -> str:
