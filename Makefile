@@ -105,6 +105,19 @@ test-xla: $(XLA_VENV)/.installed
 clean-xla:
 	rm -rf $(XLA_VENV)
 
+# The SLURM lane: scripts/slurm_cluster.sh installs slurm-wlm and munge when missing (needs
+# root), starts a one-node cluster on this machine from ci/slurm/slurm.conf, and stops the
+# daemons it started afterwards, whether the tests passed or not.
+SLURM_CLUSTER := scripts/slurm_cluster.sh
+
+.PHONY: test-slurm
+
+test-slurm: $(VENV)/.installed
+	$(SLURM_CLUSTER) start || { $(SLURM_CLUSTER) stop; exit 1; }
+	SLURM_CONF=$(abspath ci/slurm/slurm.conf) $(BIN)/python -m pytest tests/slurm $(PYTEST_ARGS) \
+		|| { $(SLURM_CLUSTER) stop; exit 1; }
+	$(SLURM_CLUSTER) stop
+
 # The constraints file holds torch at TORCH_PIN while pip resolves the peers' requirements.
 $(BENCH_VENV)/.installed: pyproject.toml benchmarks/requirements.txt Makefile
 	$(PYTHON) -m venv $(BENCH_VENV)
