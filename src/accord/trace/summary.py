@@ -86,7 +86,7 @@ def summarize(ranks: Sequence[RankCalls]) -> Summary:
 
 def format_summary(summary: Summary) -> str:
     """The summary as an aligned table per rank, with the straggler named below."""
-    header = ("rank", "op", "calls", "MiB", "time s", "waiting s", "waiting %")
+    header = ("rank", "op", "calls", "bytes", "time s", "waiting s", "waiting %")
     rows = []
     for rank, per_op in sorted(summary.ops.items()):
         for op, row in sorted(per_op.items(), key=lambda item: (-item[1].seconds, item[0])):
@@ -96,7 +96,7 @@ def format_summary(summary: Summary) -> str:
                     str(rank),
                     op,
                     str(row.calls),
-                    f"{row.bytes / 2**20:.3f}",
+                    str(row.bytes),
                     f"{row.seconds:.4f}",
                     f"{row.waiting:.4f}",
                     f"{share:.0f}",
