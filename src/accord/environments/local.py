@@ -25,9 +25,10 @@ def find_free_port(address: str = "127.0.0.1") -> int:
 class LocalEnvironment(ClusterEnvironment):
     """A single machine whose processes accord starts itself.
 
-    The main address defaults to loopback (``127.0.0.1``) so nothing listens on other
-    interfaces; a free port is picked once and handed to the child processes through
-    ``MASTER_PORT``. A job of several machines started without torchrun or SLURM needs
+    The main address defaults to loopback (``127.0.0.1``), so nothing listens on other
+    interfaces: rank 0's rendezvous and watchdog stores bind that address only, and gloo
+    the loopback interface (see `accord.core.rendezvous.listen_on_loopback`). A free port
+    is picked once and handed to the child processes through ``MASTER_PORT``. A job of several machines started without torchrun or SLURM needs
     ``MASTER_ADDR``, ``MASTER_PORT`` and ``NODE_RANK`` on every machine; without them
     `validate_settings` refuses it, since no machine could find the others.
     """
