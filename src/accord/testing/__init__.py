@@ -1,4 +1,5 @@
-"""Public test kit: multi-process helpers and the collective conformance suite."""
+"""Public test kit: multi-process helpers, the collective conformance suite, and the
+strategy equivalence check."""
 
 from accord.testing.conformance import (
     CHECKS,
@@ -9,15 +10,25 @@ from accord.testing.conformance import (
     run_checks_in_this_process,
     run_conformance,
 )
+from accord.testing.equivalence import (
+    DEFAULT_TOLERANCES,
+    StrategySpec,
+    TrainingRecord,
+    assert_strategies_agree,
+)
 from accord.testing.multiprocess import run_distributed
 
 __all__ = [
     "CHECKS",
+    "DEFAULT_TOLERANCES",
     "ConformanceError",
     "ConformanceReport",
+    "StrategySpec",
+    "TrainingRecord",
     "Violation",
     "assert_conformance",
     "run_checks_in_this_process",
     "run_conformance",
     "run_distributed",
+    "assert_strategies_agree",
 ]
