@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 
 from typing_extensions import override
 
@@ -76,6 +78,43 @@ class SLURMEnvironment(ClusterEnvironment):
         return int(os.environ["SLURM_NODEID"])
 
     @override
+    def restart_count(self) -> int:
+        """``SLURM_RESTART_COUNT``: how often SLURM requeued and restarted the job (0 first)."""
+        return _int_variable("SLURM_RESTART_COUNT", 0)
+
+    @override
+    def requeue(self) -> bool:
+        """Run ``scontrol requeue $SLURM_JOB_ID``; whether SLURM accepted it.
+
+        SLURM then ends the job's running steps and starts the batch script again, with
+        ``SLURM_RESTART_COUNT`` one higher, once its ``BeginTime`` is reached (the
+        cluster's ``AuthInfo=cred_expire``, 120 s by default). Only a batch job that may be
+        requeued (``sbatch --requeue``, or the cluster's ``JobRequeue=1``) can be; when
+        SLURM refuses, or ``scontrol`` is missing, this says why on stderr and returns
+        False.
+        """
+        job_id = os.environ.get("SLURM_JOB_ID", "").strip()
+        if not job_id:
+            return _requeue_failed("SLURM_JOB_ID is not set, so there is no job to requeue")
+        command = ["scontrol", "requeue", job_id]
+        try:
+            result = subprocess.run(
+                command, capture_output=True, text=True, timeout=60, check=False
+            )
+        except FileNotFoundError:
+            return _requeue_failed("scontrol is not on PATH on this node")
+        except subprocess.TimeoutExpired:
+            return _requeue_failed(f"{' '.join(command)} did not finish within 60 s")
+        if result.returncode != 0:
+            said = (result.stderr or result.stdout).strip() or f"exit {result.returncode}"
+            return _requeue_failed(
+                f"{' '.join(command)} failed: {said}. Only batch jobs submitted with "
+                "`sbatch --requeue` (or on a cluster with JobRequeue=1) can be requeued; "
+                "resubmit the job to continue from the checkpoint"
+            )
+        return True
+
+    @override
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
         nodes = _int_variable("SLURM_STEP_NUM_NODES", _int_variable("SLURM_NNODES", 0))
         if nodes and nodes != num_nodes:
@@ -117,6 +156,15 @@ def _int_variable(name: str, default: int) -> int:
             f"{name}={raw!r} is not an integer; SLURM sets it. Unset it, or start the job "
             "with srun."
         ) from None
+
+
+def _requeue_failed(reason: str) -> bool:
+    print(
+        f"[accord] SLURMEnvironment: the job was not requeued: {reason}.",
+        file=sys.stderr,
+        flush=True,
+    )
+    return False
 
 
 def _tasks_per_node() -> list[int] | None:
