@@ -96,3 +96,29 @@ def test_other_backend_errors_pass_through_unchanged() -> None:
     ):
         raise RuntimeError("Connection closed by peer [127.0.0.1]:1234")
     assert not isinstance(info.value, CollectiveTimeoutError)
+
+
+def _group_timeout(rank: int, world_size: int, engine: str) -> float:
+    import torch.distributed as dist
+
+    if engine == "deepspeed":
+        from accord.engines.deepspeed.collective import DeepSpeedCollective
+
+        collective: TorchCollective | DeepSpeedCollective = DeepSpeedCollective(timeout=1800)
+    else:
+        collective = TorchCollective("gloo", timeout=1800)
+    collective.setup()
+    try:
+        backend = dist.group.WORLD._get_backend(torch.device("cpu"))  # type: ignore[union-attr]
+        return float(backend.options._timeout.total_seconds())
+    finally:
+        collective.teardown()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("engine", ["torch", "deepspeed"])
+def test_the_created_groups_backend_times_out_after_the_variable(engine: str) -> None:
+    if engine == "deepspeed":
+        pytest.importorskip("deepspeed", reason="needs deepspeed: pip install 'accord[deepspeed]'")
+    (seconds,) = run_distributed(_group_timeout, 1, engine, timeout=240, env={TIMEOUT_ENV_VAR: "6"})
+    assert seconds == 6.0
