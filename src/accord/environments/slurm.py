@@ -126,10 +126,11 @@ class SLURMEnvironment(ClusterEnvironment):
         per_node = _tasks_per_node()
         if per_node is not None and any(count != num_devices for count in per_node):
             flag = os.environ.get("SLURM_NTASKS_PER_NODE")
-            asked = f"--ntasks-per-node={flag}" if flag else f"{per_node[0]} tasks per node"
+            layout = os.environ.get("SLURM_STEP_TASKS_PER_NODE") or str(per_node[0])
+            asked = f"--ntasks-per-node={flag}" if flag else f"{layout} tasks per node"
             raise ConfigurationError(
                 f"Trainer(devices={num_devices}) disagrees with the SLURM job step's {asked} "
-                f"(SLURM_STEP_TASKS_PER_NODE={os.environ.get('SLURM_STEP_TASKS_PER_NODE')}). "
+                f"(SLURM_STEP_TASKS_PER_NODE={layout}). "
                 "Start one SLURM task per device: pass devices equal to --ntasks-per-node, "
                 "or srun --ntasks-per-node equal to devices."
             )
