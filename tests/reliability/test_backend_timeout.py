@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,9 +43,10 @@ def _disagree(rank: int, world_size: int) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(150)
-def test_shape_mismatch_ends_within_30_s_with_a_named_error() -> None:
+def test_shape_mismatch_ends_within_30_s_with_a_named_error(tmp_path: Path) -> None:
     started = time.monotonic()
-    results = run_distributed(_disagree, 2, timeout=120, env={TIMEOUT_ENV_VAR: "5"})
+    env = {TIMEOUT_ENV_VAR: "5", "ACCORD_TRACE_DIR": str(tmp_path)}
+    results = run_distributed(_disagree, 2, timeout=120, env=env)
     elapsed = time.monotonic() - started
     assert elapsed < 30, f"the job took {elapsed:.0f} s"
     for rank, result in enumerate(results):

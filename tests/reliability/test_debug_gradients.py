@@ -4,6 +4,7 @@ the gradient sync gets a `CollectiveMismatchError` on every rank, not a backend 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -60,8 +61,11 @@ def _fit(rank: int, world_size: int) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(180)
-def test_skipped_barrier_meets_a_gradient_bucket_and_every_rank_names_both() -> None:
-    results = run_distributed(_fit, 2, timeout=150)
+def test_skipped_barrier_meets_a_gradient_bucket_and_every_rank_names_both(
+    tmp_path: Path,
+) -> None:
+    # The ranks' call records, which a mismatch leaves, go to the test's directory.
+    results = run_distributed(_fit, 2, timeout=150, env={"ACCORD_TRACE_DIR": str(tmp_path)})
     for rank, result in enumerate(results):
         message = result["error"]
         assert message is not None, f"rank {rank} finished the fit without an error"
