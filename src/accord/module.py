@@ -22,7 +22,7 @@ from accord.errors import CheckpointError, ConfigurationError
 if TYPE_CHECKING:
     from accord.trainer.trainer import Trainer
 
-__all__ = ["AttributeDict", "Module", "OptimizerConfig"]
+__all__ = ["AttributeDict", "ManualOptimizer", "Module", "OptimizerConfig"]
 
 OptimizerConfig = Any
 """What ``configure_optimizers`` may return: an optimizer, a list of them, a
@@ -42,6 +42,46 @@ class AttributeDict(dict[str, Any]):
         self[key] = value
 
 
+class ManualOptimizer:
+    """An optimizer as `Module.optimizers` returns it under manual optimization.
+
+    ``step()`` goes through the strategy (the precision's loss scaler included), calls
+    ``on_before_optimizer_step`` and counts one ``global_step``; ``zero_grad()`` goes
+    through the strategy too. Everything else (``param_groups``, ``state_dict()``, ...)
+    is the wrapped optimizer's.
+
+    Args:
+        optimizer: the optimizer the strategy set up.
+        module: the module being trained.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, module: Module) -> None:
+        self.optimizer = optimizer
+        self._module = module
+        self.clipped = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.optimizer, name)
+
+    def step(self, closure: Any = None) -> None:
+        """Apply the step (``closure``, if given, is called first, as Lightning does)."""
+        if closure is not None:
+            closure()
+        trainer = self._module.trainer
+        strategy = trainer.strategy
+        if not self.clipped:
+            # So on_before_optimizer_step sees the true gradients under a loss scaler.
+            strategy.unscale_gradients(self.optimizer)
+        self.clipped = False
+        self._module.on_before_optimizer_step(self.optimizer)
+        strategy.optimizer_step(self.optimizer, self._module.wrapped_module)
+        trainer.global_step += 1
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the gradients of this optimizer's parameters."""
+        self._module.trainer.strategy.zero_grad(self.optimizer, self._module.wrapped_module)
+
+
 class Module(nn.Module):
     """Base class for models trained by the `Trainer`."""
 
@@ -49,6 +89,83 @@ class Module(nn.Module):
         super().__init__()
         self._owner: Trainer | None = None
         self._hparams = AttributeDict()
+        self._automatic_optimization = True
+        self._toggled: dict[nn.Parameter, bool] = {}
+
+    # ------------------------------------------------------ manual optimization
+    @property
+    def automatic_optimization(self) -> bool:
+        """False: ``training_step`` does its own backward and optimizer steps (with
+        `manual_backward`, `optimizers`, `lr_schedulers`), as in Lightning."""
+        return self._automatic_optimization
+
+    @automatic_optimization.setter
+    def automatic_optimization(self, value: bool) -> None:
+        self._automatic_optimization = bool(value)
+
+    @property
+    def wrapped_module(self) -> nn.Module:
+        """The module as the strategy wrapped it for the current run.
+
+        Raises:
+            ConfigurationError: outside a run.
+        """
+        wrapped = self.trainer.model_wrapper
+        if wrapped is None:
+            raise ConfigurationError(
+                f"{type(self).__name__} is not in a run; manual optimization works inside "
+                "training_step."
+            )
+        return wrapped
+
+    def optimizers(self) -> ManualOptimizer | list[ManualOptimizer]:
+        """The fit's optimizers (one, or a list), wrapped for manual optimization."""
+        wrapped = [ManualOptimizer(o, self) for o in self.trainer.optimizers]
+        return wrapped[0] if len(wrapped) == 1 else wrapped
+
+    def lr_schedulers(self) -> Any:
+        """The fit's LR schedulers: one, a list, or None. Step them yourself under
+        manual optimization."""
+        schedulers = [c.scheduler for c in self.trainer.lr_scheduler_configs]
+        if not schedulers:
+            return None
+        return schedulers[0] if len(schedulers) == 1 else schedulers
+
+    def manual_backward(self, loss: torch.Tensor) -> None:
+        """Backpropagate ``loss`` through the strategy (its precision's scaling included),
+        with the ``on_before_backward`` and ``on_after_backward`` hooks."""
+        self.on_before_backward(loss)
+        self.trainer.strategy.backward(loss, self.wrapped_module)
+        self.on_after_backward()
+
+    def clip_gradients(
+        self, optimizer: ManualOptimizer | torch.optim.Optimizer, gradient_clip_val: float
+    ) -> None:
+        """Clip the gradients of ``optimizer``'s parameters to total norm
+        ``gradient_clip_val``, before its step (the other optimizers' are left alone)."""
+        inner = optimizer.optimizer if isinstance(optimizer, ManualOptimizer) else optimizer
+        params = nn.ParameterList(p for group in inner.param_groups for p in group["params"])
+        self.trainer.strategy.clip_gradients(params, inner, gradient_clip_val)
+        if isinstance(optimizer, ManualOptimizer):
+            optimizer.clipped = True
+
+    def toggle_optimizer(self, optimizer: ManualOptimizer | torch.optim.Optimizer) -> None:
+        """Let only ``optimizer``'s parameters require gradients (the other optimizers'
+        are frozen) until `untoggle_optimizer`; for alternating updates such as a GAN's."""
+        inner = optimizer.optimizer if isinstance(optimizer, ManualOptimizer) else optimizer
+        mine = {id(p) for group in inner.param_groups for p in group["params"]}
+        for other in self.trainer.optimizers:
+            for group in other.param_groups:
+                for param in group["params"]:
+                    if id(param) not in mine and param not in self._toggled:
+                        self._toggled[param] = param.requires_grad
+                        param.requires_grad = False
+
+    def untoggle_optimizer(self, optimizer: ManualOptimizer | torch.optim.Optimizer) -> None:
+        """Undo `toggle_optimizer`: every parameter requires gradients as before."""
+        for param, requires_grad in self._toggled.items():
+            param.requires_grad = requires_grad
+        self._toggled = {}
 
     # ---------------------------------------------------------- hyperparameters
     @property

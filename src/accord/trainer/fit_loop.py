@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from lightning_utilities.core.rank_zero import rank_zero_warn
 
+from accord.core.parallel import ParallelStrategy
 from accord.errors import ConfigurationError
 from accord.module import Module
 from accord.trainer.checkpointing import epoch_batches
@@ -97,7 +98,10 @@ class FitLoop:
             call_callbacks(trainer, "on_train_epoch_start")
             model.on_train_epoch_start()
             state.epoch_schedulers_stepped = False
-            self._train_epoch(train_loader, val_loader)
+            if model.automatic_optimization:
+                self._train_epoch(train_loader, val_loader)
+            else:
+                self._manual_epoch(train_loader, val_loader)
             model.on_train_epoch_end()
             log_metrics(trainer, state.metrics.flush_epoch(trainer.strategy, "train"))
             # Before the callbacks, so a checkpoint saved at the end of the epoch holds the
@@ -257,6 +261,47 @@ class FitLoop:
                 category=UserWarning,
             )
 
+    def _manual_epoch(self, loader: Iterable[Any], val_loader: Iterable[Any] | None) -> None:
+        """An epoch of ``automatic_optimization = False``: ``training_step`` runs its own
+        backward and optimizer steps; each ``step()`` counts one ``global_step``."""
+        trainer, state = self.trainer, self.state
+        model, strategy, wrapped, metrics = (
+            state.module,
+            trainer.strategy,
+            state.wrapped,
+            state.metrics,
+        )
+        assert model is not None and wrapped is not None
+        _check_manual(trainer)
+        total = trainer.num_training_batches
+        val_every = self._val_every(total)
+        for batch_idx, batch in self._epoch_batches(loader):
+            trainer.logger_step = steps_before = trainer.global_step
+            batch = strategy.batch_to_device(batch)
+            strategy.on_train_batch_start(batch_idx, last=batch_idx + 1 == total)
+            model.on_train_batch_start(batch, batch_idx)
+            metrics.in_step = True
+            with strategy.forward_context():
+                output = strategy.step(wrapped, "training_step", batch, batch_idx)
+            metrics.in_step = False
+            metrics.end_training_step(skipped=False)
+            step_metrics = metrics.flush_step(strategy)
+            if trainer.global_step > steps_before and (
+                trainer.global_step % trainer.log_every_n_steps == 0
+            ):
+                log_metrics(trainer, step_metrics)
+            state.batches_done = batch_idx + 1
+            call_callbacks(trainer, "on_train_batch_end", output, batch, batch_idx)
+            model.on_train_batch_end(output, batch, batch_idx)
+            if val_loader is not None and self._should_validate(batch_idx, val_every):
+                evaluate(trainer, state, "validate", val_loader)
+                model.train()
+                metrics.stage = "train"
+            if trainer.should_stop or (
+                trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps
+            ):
+                break
+
     def _val_every(self, total: int) -> int:
         interval = self.trainer.val_check_interval
         if interval is None:
@@ -298,3 +343,32 @@ class FitLoop:
         self.window_has_backward = False
         trainer.global_step += 1
         self._step_schedulers("step", trainer.global_step)
+
+
+def _check_manual(trainer: Trainer) -> None:
+    """Refuse what manual optimization leaves to ``training_step``, and the strategies
+    it does not run on yet.
+
+    Raises:
+        ConfigurationError: ``gradient_clip_val`` or ``accumulate_grad_batches`` set, or
+            a strategy other than one device or DataParallel.
+    """
+    if trainer.gradient_clip_val is not None:
+        raise ConfigurationError(
+            "Trainer(gradient_clip_val=...) does not apply under manual optimization "
+            "(automatic_optimization = False); call self.clip_gradients(optimizer, value) "
+            "in training_step before optimizer.step()."
+        )
+    if trainer.accumulate_grad_batches != 1:
+        raise ConfigurationError(
+            "Trainer(accumulate_grad_batches=...) does not apply under manual optimization; "
+            "step the optimizers every N batches yourself in training_step."
+        )
+    strategy = trainer.strategy
+    if isinstance(strategy, ParallelStrategy) or strategy.world_size > 1:
+        raise ConfigurationError(
+            f"Manual optimization (automatic_optimization = False) runs on one device "
+            f"(strategy='single_device' or 'dp') in this version, not on "
+            f"{type(strategy).__name__}: its gradient synchronisation is tied to the "
+            "automatic backward. Use automatic optimization for multi-rank training."
+        )

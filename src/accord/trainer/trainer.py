@@ -207,6 +207,11 @@ class Trainer:
         return self._state.optimizers
 
     @property
+    def model_wrapper(self) -> torch.nn.Module | None:
+        """The module as the strategy wrapped it, during a run (None outside one)."""
+        return self._state.wrapped
+
+    @property
     def lr_scheduler_configs(self) -> list[SchedulerConfig]:
         """The LR schedulers of the current fit, with when each steps."""
         return self._state.schedulers
