@@ -57,9 +57,9 @@ _HOW_TO_READ = {
         "torch.distributed.checkpoint.format_utils.dcp_to_torch_save."
     ),
     "deepspeed": (
-        "Resume from it with any strategy (ckpt_path=...; the optimizer state of ZeRO stages "
-        "1 and 2 comes along, that of stage 3 only under strategy='deepspeed_stage_3'), or "
-        "turn it into one file of weights with "
+        "Resume from it with any strategy (ckpt_path=...; the optimizer state comes along), "
+        "turn it into one file with python -m accord.checkpoint convert SRC DST --to full, "
+        "or into one file of weights with "
         "accord.strategies.consolidate_deepspeed_checkpoint(directory, file)."
     ),
 }

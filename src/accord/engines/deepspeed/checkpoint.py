@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import warnings
 from pathlib import Path
 from typing import Any, cast
 
@@ -28,6 +27,8 @@ import torch
 
 from accord.checkpoint_io import (
     check_format_version,
+    checkpoint_format,
+    read_checkpoint,
     register_directory_reader,
     save_checkpoint_file,
     write_bytes_atomically,
@@ -46,6 +47,7 @@ __all__ = [
     "EngineState",
     "consolidate_deepspeed_checkpoint",
     "load_checkpoint_directory",
+    "load_for_engine",
     "read_deepspeed_whole",
     "save_engine_checkpoint",
     "strip_step_prefix",
@@ -152,6 +154,117 @@ def load_checkpoint_directory(
     return checkpoint
 
 
+def load_for_engine(
+    source: Path, engine: Any | None, rank: int, *, weights_only: bool = True
+) -> dict[str, Any]:
+    """Read any strategy's checkpoint for a DeepSpeed run; with a training ``engine``, to resume.
+
+    A DeepSpeed checkpoint of the engine's ZeRO stage and world size is restored by the
+    engine itself (`load_checkpoint_directory`). Any other (a file, an FSDP directory,
+    another stage or world size) is read whole, and its optimizer state is put into the
+    ZeRO-1/2 engine's partitions here: this rank's slice of each group's flat buffer, for
+    every per-parameter tensor (Adam's moments), with the step and the group's settings.
+    Its ``state_dict`` stays full, for `DeepSpeedStrategy.load_module_state_dict`; its
+    ``optimizer_states`` become `EngineState` placeholders. Every rank must call it.
+
+    Raises:
+        CheckpointError: nothing readable at ``source``; a ZeRO-3 run resuming from
+            another layout; an optimizer state that does not fit the engine's groups.
+    """
+    if source.is_dir() and (engine is None or _native_to(engine, source, weights_only)):
+        return load_checkpoint_directory(source, engine, weights_only=weights_only)
+    checkpoint = read_checkpoint(source, weights_only=weights_only)
+    if engine is None:
+        return checkpoint
+    states = checkpoint.get("optimizer_states", [])
+    for state in states:
+        _put_optimizer_state(engine, state, rank, source)
+    checkpoint["optimizer_states"] = [EngineState() for _ in states]
+    return checkpoint
+
+
+def _native_to(engine: Any, source: Path, weights_only: bool) -> bool:
+    """Whether ``source`` is a DeepSpeed checkpoint the engine restores itself: same ZeRO
+    stage, same number of ranks."""
+    if checkpoint_format(source) != "deepspeed":
+        return False
+    tag = _checkpoint_tag(source, None)
+    if weights_only:
+        check_tag_files(source / tag)
+    states = _load_model_states(source, tag, weights_only)
+    stage = states.get("ds_config", {}).get("zero_optimization", {}).get("stage", 0)
+    return bool(
+        int(stage) == int(engine.zero_optimization_stage())
+        and int(states.get("dp_world_size", -1)) == int(engine.dp_world_size)
+    )
+
+
+def _put_optimizer_state(engine: Any, state: dict[str, Any], rank: int, source: Path) -> None:
+    optimizer = engine.optimizer
+    if int(engine.zero_optimization_stage()) >= 3:
+        raise CheckpointError(
+            f"{str(source)!r} is not a ZeRO-3 checkpoint of this world size, and a ZeRO-3 run "
+            "resumes only from one. Resume from it under deepspeed_stage_2, ddp, fsdp or one "
+            "device, or load its weights (model.load_state_dict) before fit()."
+        )
+    groups = optimizer.bit16_groups
+    ordered = getattr(optimizer, "round_robin_bit16_groups", groups)
+    partitions = optimizer.single_partition_of_fp32_groups
+    base = optimizer.optimizer
+    numbered = _numbered(state)
+    saved_groups = numbered.get("param_groups", [])
+    sizes = [len(group) for group in groups]
+    if [len(group.get("params", [])) for group in saved_groups] != sizes:
+        raise CheckpointError(
+            f"{str(source)!r} holds an optimizer state whose groups do not fit this run's "
+            f"(groups of {[len(g.get('params', [])) for g in saved_groups]} parameters; this "
+            f"run has {sizes}). Resume with the configure_optimizers() that saved it."
+        )
+    number_of = {id(p): k for k, p in enumerate(p for group in groups for p in group)}
+    saved = numbered.get("state", {})
+    for index, group in enumerate(ordered):
+        entries = [saved.get(number_of[id(p)]) for p in group]
+        present = [entry for entry in entries if entry is not None]
+        if not present:
+            continue
+        if len(present) != len(entries):
+            raise CheckpointError(
+                f"{str(source)!r}: some parameters of optimizer group {index} have state and "
+                "others have none; the checkpoint is incomplete."
+            )
+        partition = partitions[index]
+        first = present[0]
+        flat = {
+            key: whole.split_for_rank(
+                [entry[key] for entry in present], partition.numel(), rank
+            ).to(partition.device, partition.dtype)
+            for key, value in first.items()
+            if isinstance(value, torch.Tensor) and value.dim() > 0
+        }
+        shared = {
+            k: v.clone() if isinstance(v, torch.Tensor) else v
+            for k, v in first.items()
+            if k not in flat
+        }
+        base.state[partition] = {**shared, **flat}
+        base.param_groups[index].update(
+            {k: v for k, v in saved_groups[index].items() if k != "params"}
+        )
+
+
+def _numbered(state: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state keyed by parameter name (FSDP's), numbered in its groups' order."""
+    groups = state.get("param_groups", [])
+    names = [name for group in groups for name in group.get("params", [])]
+    if not all(isinstance(name, str) for name in names):
+        return state
+    number = {name: index for index, name in enumerate(names)}
+    return {
+        "state": {number[name]: value for name, value in state.get("state", {}).items()},
+        "param_groups": [{**g, "params": [number[n] for n in g["params"]]} for g in groups],
+    }
+
+
 def _read_latest(directory: Path) -> str | None:
     """The tag a checkpoint directory's ``latest`` file names, or None without one."""
     try:
@@ -210,12 +323,10 @@ def read_deepspeed_whole(path: Path, weights_only: bool = True) -> dict[str, Any
     """Read the DeepSpeed checkpoint directory ``path`` whole, in this process alone.
 
     Registered with `accord.checkpoint_io`, so DDP, one device and FSDP resume from it. Its
-    ``state_dict`` holds the full fp32 weights under the user's module's names; for ZeRO-1
-    and ZeRO-2 its one optimizer state is every rank's partition merged into a plain
-    ``optimizer.state_dict()`` (`accord.engines.deepspeed.whole`). A ZeRO-3 checkpoint
-    comes with its weights and no optimizer state, and a warning says so (its message is
-    kept under ``optimizer_states_missing``, for the error a fit from it raises). With
-    ``weights_only`` (the default) nothing in the directory can run code.
+    ``state_dict`` holds the full fp32 weights under the user's module's names; its one
+    optimizer state is every rank's partition (ZeRO-1, 2 or 3) merged into a plain
+    ``optimizer.state_dict()`` (`accord.engines.deepspeed.whole`). With ``weights_only``
+    (the default) nothing in the directory can run code.
 
     Raises:
         CheckpointError: not a finished DeepSpeed checkpoint; one from a newer accord; a
@@ -234,14 +345,13 @@ def read_deepspeed_whole(path: Path, weights_only: bool = True) -> dict[str, Any
     try:
         partitions = [loaded["optimizer_state_dict"] for loaded in optimizers]
         stage = int(partitions[0]["zero_stage"])
-        if stage >= 3:
-            message = whole.ZERO3_OPTIMIZER_MESSAGE.format(path=repr(str(path)))
-            warnings.warn(message, stacklevel=2)
-            checkpoint["optimizer_states"] = []
-            checkpoint["optimizer_states_missing"] = message
-            return checkpoint
-        base = [partition["base_optimizer_state"] for partition in partitions]
-        merged = whole.merge_zero_optimizer_states(states["param_shapes"], base, path)
+        # ZeRO-3 keeps the base optimizer's state under another key than ZeRO-1/2.
+        key = "optimizer_state_dict" if stage >= 3 else "base_optimizer_state"
+        base = [partition[key] for partition in partitions]
+        merge = (
+            whole.merge_zero3_optimizer_states if stage >= 3 else whole.merge_zero_optimizer_states
+        )
+        merged = merge(states["param_shapes"], base, path)
     except (KeyError, TypeError, IndexError) as err:
         raise CheckpointError(
             f"{str(path / tag)!r} holds ZeRO optimizer states in a layout this accord does "

@@ -369,18 +369,18 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     @override
     def load_checkpoint(self, path: str | Path, *, weights_only: bool = True) -> dict[str, Any]:
-        """Read a checkpoint directory written by `save_checkpoint` (or a single file).
+        """Read any strategy's checkpoint: a file, or a directory FSDP or DeepSpeed wrote.
 
-        During fit the engine restores its weights and optimizer state itself (every rank
-        must call this); the returned ``state_dict`` and ``optimizer_states`` are
-        placeholders for that. Otherwise the ZeRO shards are consolidated into a full
-        ``state_dict``. With ``weights_only``, DeepSpeed's shards too are read without running code.
+        During fit (every rank must call this) a DeepSpeed checkpoint of this ZeRO stage and
+        world size is restored by the engine itself, and the returned ``state_dict`` and
+        ``optimizer_states`` are placeholders for that; any other checkpoint is read whole
+        and its optimizer state put into the ZeRO-1/2 partitions
+        (`accord.engines.deepspeed.checkpoint.load_for_engine`). Otherwise the ZeRO shards
+        are consolidated into a full ``state_dict``. With ``weights_only``, DeepSpeed's
+        shards too are read without running code.
         """
-        source = Path(path)
-        if source.is_file():
-            return super().load_checkpoint(source, weights_only=weights_only)
         engine = self._engine if self._trains else None
-        return ckpt.load_checkpoint_directory(source, engine, weights_only=weights_only)
+        return ckpt.load_for_engine(Path(path), engine, self.global_rank, weights_only=weights_only)
 
     @override
     def remove_checkpoint(self, path: str | Path) -> None:

@@ -5,8 +5,15 @@ the data-parallel ranks; each rank's ``*_optim_states.pt`` holds its partition o
 buffer and of every per-element optimizer tensor (Adam's ``exp_avg`` and ``exp_avg_sq``).
 Concatenating the partitions in rank order and cutting the buffer by the parameter shapes
 the model states file lists (``param_shapes``, in the optimizer's order) gives each
-parameter's tensors back, as a plain ``optimizer.state_dict()`` numbers them. ZeRO-3 splits
-every parameter on its own, a layout this module does not read.
+parameter's tensors back, as a plain ``optimizer.state_dict()`` numbers them.
+
+ZeRO-3 splits every parameter on its own: each parameter is padded to a multiple of the
+rank count and each rank holds an equal slice of it, so a rank's flat buffer is its slice
+of every parameter of the group, one after the other. Taking each parameter's slice from
+every rank in rank order and dropping the padding gives it back whole.
+
+`split_for_rank` goes the other way, for a ZeRO-1/2 engine that resumes from a plain
+optimizer state: the group's parameters flattened in order, padded, and this rank's slice.
 """
 
 from __future__ import annotations
@@ -20,16 +27,12 @@ import torch
 
 from accord.errors import CheckpointError
 
-__all__ = ["ZERO3_OPTIMIZER_MESSAGE", "merge_zero_optimizer_states", "optimizer_files"]
-
-ZERO3_OPTIMIZER_MESSAGE = (
-    "The optimizer state of a ZeRO-3 checkpoint cannot move to another strategy yet: "
-    "{path} loads with its weights only. To continue training with its optimizer state, "
-    "resume with strategy='deepspeed_stage_3'; to start a new fit from its weights, "
-    "write them to a file with consolidate_deepspeed_checkpoint(directory, file), load "
-    "them into your module (model.load_state_dict(torch.load(file))) and fit without ckpt_path."
-)
-"""What a user is told when a ZeRO-3 checkpoint is read outside DeepSpeed (``{path}``)."""
+__all__ = [
+    "merge_zero3_optimizer_states",
+    "merge_zero_optimizer_states",
+    "optimizer_files",
+    "split_for_rank",
+]
 
 _OPTIM_FILE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 
@@ -118,3 +121,74 @@ def merge_zero_optimizer_states(
             offset += size.numel()
         groups.append({**first["param_groups"][index], "params": numbers})
     return {"state": state, "param_groups": groups}
+
+
+def merge_zero3_optimizer_states(
+    param_shapes: Sequence[dict[str, Any]], partitions: Sequence[dict[str, Any]], source: Path
+) -> dict[str, Any]:
+    """One plain optimizer state dict from the ZeRO-3 base optimizer states of every rank.
+
+    Args:
+        param_shapes: per parameter group, each parameter's name and shape in the order
+            ZeRO-3 partitioned them (the model states file's ``param_shapes``).
+        partitions: each rank's ``base_optimizer_state``, in rank order.
+        source: the checkpoint, named in errors.
+
+    Returns:
+        As `merge_zero_optimizer_states` returns.
+
+    Raises:
+        CheckpointError: the partitions do not match the parameter shapes.
+    """
+    first = partitions[0]
+    ranks = len(partitions)
+    if len(first["param_groups"]) != len(param_shapes):
+        raise CheckpointError(
+            f"{str(source)!r} has {len(first['param_groups'])} ZeRO-3 optimizer groups but "
+            f"{len(param_shapes)} groups of parameter shapes (sub-groups split by "
+            "sub_group_size are not read); resume from it with strategy='deepspeed_stage_3'."
+        )
+    state: dict[int, dict[str, Any]] = {}
+    groups: list[dict[str, Any]] = []
+    number = 0
+    for index, shapes in enumerate(param_shapes):
+        group_state = [partition["state"].get(index, {}) for partition in partitions]
+        flat = {
+            key: [rank[key] for rank in group_state]
+            for key, value in group_state[0].items()
+            if isinstance(value, torch.Tensor) and value.dim() > 0
+        }
+        shared = {k: v for k, v in group_state[0].items() if k not in flat}
+        numbers = []
+        offset = 0
+        for shape in shapes.values():
+            size = torch.Size(shape)
+            part = -(-size.numel() // ranks)  # each rank's slice, the padding included
+            entry = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in shared.items()}
+            for key, buffers in flat.items():
+                if any(offset + part > buffer.numel() for buffer in buffers):
+                    raise CheckpointError(
+                        f"{str(source)!r}: the ZeRO-3 optimizer's {key!r} of group {index} "
+                        "holds fewer elements than its parameters need."
+                    )
+                whole = torch.cat([buffer[offset : offset + part] for buffer in buffers])
+                entry[key] = whole[: size.numel()].view(size).clone()
+            if entry:
+                state[number] = entry
+            numbers.append(number)
+            number += 1
+            offset += part
+        groups.append({**first["param_groups"][index], "params": numbers})
+    return {"state": state, "param_groups": groups}
+
+
+def split_for_rank(tensors: Sequence[torch.Tensor], partition_size: int, rank: int) -> torch.Tensor:
+    """This rank's ZeRO-1/2 partition of the flat buffer of ``tensors`` (one group's
+    parameters, or their optimizer tensors, in the group's order): flattened, padded with
+    zeros to ``partition_size`` times the rank count, and sliced."""
+    flat = torch.cat([tensor.detach().reshape(-1).float() for tensor in tensors])
+    start = partition_size * rank
+    end = start + partition_size
+    if flat.numel() < end:
+        flat = torch.cat([flat, flat.new_zeros(end - flat.numel())])
+    return flat[start:end].clone()
