@@ -3,11 +3,14 @@ step after one checkpoint; the job exits with PREEMPTED_EXIT_CODE and resumes ex
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +37,33 @@ def _script(root: Path, *args: str, check: bool = True) -> Any:
     return run_python([SCRIPT, str(root), *args], timeout=240, check=check)
 
 
+_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
+STRATEGIES = [
+    "ddp",
+    "fsdp",
+    pytest.param(
+        "deepspeed_stage_2",
+        marks=pytest.mark.skipif(
+            not _DEEPSPEED, reason="needs deepspeed: pip install 'accord[deepspeed]'"
+        ),
+    ),
+]
+
+
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> torch.Tensor:
-    root = tmp_path_factory.mktemp("full")
-    _script(root, "ddp", "full")
-    final = torch.load(root / "final.rank0.pt")
-    assert final["global_step"] == TOTAL_STEPS
-    weights: torch.Tensor = final["weights"]
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], torch.Tensor]:
+    """The final weights of an uninterrupted run of a strategy (each run once)."""
+    runs: dict[str, torch.Tensor] = {}
+
+    def weights(strategy: str) -> torch.Tensor:
+        if strategy not in runs:
+            root = tmp_path_factory.mktemp(f"full_{strategy}")
+            _script(root, strategy, "full")
+            final = torch.load(root / "final.rank0.pt")
+            assert final["global_step"] == TOTAL_STEPS
+            runs[strategy] = final["weights"]
+        return runs[strategy]
+
     return weights
 
 
@@ -48,12 +71,13 @@ def _stops(root: Path) -> list[dict[str, Any]]:
     return [json.loads((root / f"stop.rank{r}.json").read_text()) for r in range(2)]
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("who", ["rank1", "launcher"])
-def test_ddp_sigterm_stops_every_rank_together_and_resumes_exactly(
-    who: str, tmp_path: Path, uninterrupted: torch.Tensor
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_sigterm_stops_every_rank_together_and_resumes_exactly(
+    strategy: str, who: str, tmp_path: Path, uninterrupted: Callable[[str], torch.Tensor]
 ) -> None:
-    result = _script(tmp_path, "ddp", "signal", who, str(SIGNAL_STEP), check=False)
+    result = _script(tmp_path, strategy, "signal", who, str(SIGNAL_STEP), check=False)
     assert result.returncode == PREEMPTED_EXIT_CODE, result.stderr
     sent = json.loads((tmp_path / "signal.json").read_text())
     stops = _stops(tmp_path)
@@ -67,15 +91,18 @@ def test_ddp_sigterm_stops_every_rank_together_and_resumes_exactly(
     assert "every rank stopped at step" in result.stderr
 
     checkpoints = tmp_path / "checkpoints"
+    # One finished checkpoint at that step (a file, or FSDP's / DeepSpeed's directory),
+    # nothing left half-written.
     saved = read_checkpoint(checkpoints / PREEMPTION_CHECKPOINT_NAME)
     assert saved["global_step"] == step
     assert not [p for p in checkpoints.iterdir() if p.name.startswith(".")]
 
-    _script(tmp_path, "ddp", "resume")
+    _script(tmp_path, strategy, "resume")
     finals = [torch.load(tmp_path / f"final.rank{r}.pt") for r in range(2)]
     assert [f["global_step"] for f in finals] == [TOTAL_STEPS, TOTAL_STEPS]
+    expected = uninterrupted(strategy)
     for final in finals:
-        torch.testing.assert_close(final["weights"], uninterrupted, rtol=0, atol=1e-6)
+        torch.testing.assert_close(final["weights"], expected, rtol=0, atol=1e-6)
 
 
 class _SignalAt(Callback):
@@ -194,3 +221,29 @@ def test_parse_signals(value: Any, expected: tuple[signal.Signals, ...]) -> None
 def test_bad_signals_are_refused_when_the_trainer_is_built(value: Any, match: str) -> None:
     with pytest.raises(ConfigurationError, match=match):
         accord.Trainer(accelerator="cpu", preemption_signals=value)
+
+
+class _SignalLauncherAt(Callback):
+    """On rank 1, once ``global_step`` reaches ``step``, sends SIGTERM to the launcher."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(
+        self, trainer: accord.Trainer, module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_rank == 1 and trainer.global_step == self.step:
+            os.kill(os.getppid(), signal.SIGTERM)
+
+
+@pytest.mark.timeout(300)
+def test_spawn_launcher_forwards_sigterm_and_raises_preempted(tmp_path: Path) -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    trainer = _trainer(tmp_path, strategy="ddp_spawn", devices=2, callbacks=[_SignalLauncherAt(3)])
+    with pytest.raises(Preempted) as info:
+        trainer.fit(LinearModel(), loader(batch_size=16))
+    assert info.value.code == PREEMPTED_EXIT_CODE
+    assert 3 < info.value.step <= 5
+    saved = read_checkpoint(info.value.checkpoint)
+    assert saved["global_step"] == info.value.step
+    assert signal.getsignal(signal.SIGTERM) == before

@@ -15,7 +15,7 @@ steps each on deterministic data, checkpoints in ``ROOT/checkpoints``. ACTION is
 - ``kill RANK STEP``: under torchrun's first attempt, global rank RANK kills itself with
   SIGKILL at step STEP; checkpoints every 5 steps, and a restart resumes by itself.
 
-Every rank writes ``ROOT/final.rank<r>.pt`` (its weights) when its fit returns, and
+Every rank writes ``ROOT/final.rank<r>.pt`` (its whole weights) at the end of its fit, and
 ``ROOT/stop.rank<r>.json`` (the exception, its step and the time) when the fit raises.
 """
 
@@ -34,7 +34,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "strategies"))
 
-from models import LinearModel, flat_weights, loader
+from models import LinearModel, loader
+from torch.distributed.tensor import DTensor
 
 import accord
 from accord.callbacks import Callback, ModelCheckpoint
@@ -66,6 +67,15 @@ class Trigger(Callback):
             if first_attempt and trainer.global_rank == rank and trainer.global_step == step:
                 os.kill(os.getpid(), signal.SIGKILL)
 
+    def on_fit_end(self, trainer: accord.Trainer, module: Any) -> None:
+        # Inside the fit, while the group still exists: FSDP's sharded weights are
+        # gathered here (a collective every rank makes).
+        weights = torch.cat([_full(p).flatten() for p in module.parameters()])
+        torch.save(
+            {"weights": weights, "global_step": trainer.global_step},
+            self.root / f"final.rank{trainer.global_rank}.pt",
+        )
+
     def on_exception(self, trainer: accord.Trainer, module: Any, error: BaseException) -> None:
         record: dict[str, Any] = {
             "type": type(error).__name__,
@@ -76,6 +86,14 @@ class Trigger(Callback):
         if isinstance(error, NonFiniteValueError):
             record.update(ranks=error.ranks, error_step=error.step, metric=error.metric)
         (self.root / f"stop.rank{trainer.global_rank}.json").write_text(json.dumps(record))
+
+
+def _full(parameter: torch.Tensor) -> torch.Tensor:
+    """A parameter's whole value: a DTensor (FSDP) is gathered from every rank."""
+    value = parameter.detach()
+    if isinstance(value, DTensor):
+        return value.full_tensor()
+    return value.clone()
 
 
 def _launcher_pid() -> int:
@@ -125,10 +143,6 @@ def main() -> None:
     )
     ckpt_path = "last" if action == "resume" else None
     trainer.fit(model, loader(batch_size=16), ckpt_path=ckpt_path)
-    torch.save(
-        {"weights": flat_weights(model), "global_step": trainer.global_step},
-        root / f"final.rank{trainer.global_rank}.pt",
-    )
 
 
 if __name__ == "__main__":
