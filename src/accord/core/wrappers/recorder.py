@@ -19,15 +19,17 @@ no recorder layer at all.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import pickle
 import statistics
 import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any, TypeVar
 
 import torch
@@ -77,6 +79,14 @@ DUMP_FORMAT = "accord-collective-calls"
 
 _DUMP_VERSION = 1
 _CLOCK_ROUNDS = 5
+
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
 
 
 class CallRecord:
@@ -130,7 +140,7 @@ class CallRecord:
         tensor = call.tensor
         if isinstance(tensor, torch.Tensor):
             self.shape: tuple[int, ...] | None = tuple(tensor.shape)
-            self.dtype: str | None = str(tensor.dtype).removeprefix("torch.")
+            self.dtype: str | None = _DTYPE_NAMES.get(tensor.dtype) or _dtype_name(tensor.dtype)
             self.nbytes = tensor.numel() * tensor.element_size()
         else:
             self.shape = self.dtype = None
@@ -326,6 +336,21 @@ class RecordingCollective(CollectiveWrapper):
         self.directory = Path(chosen)
         return self.directory
 
+    def _gather_bytes(self, obj: Any) -> list[bytes]:
+        """Every rank's pickled ``obj``: the sizes, then the padded bytes, on the primitives."""
+        payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        device = self.object_device
+        world_size = self._inner.world_size
+        sizes = torch.empty((world_size, 1), dtype=torch.int64, device=device)
+        self._all_gather_into(sizes, torch.tensor([len(payload)], dtype=torch.int64, device=device))
+        lengths = [int(n) for n in sizes.flatten().tolist()]
+        row = torch.zeros(max(lengths), dtype=torch.uint8)
+        row[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        rows = torch.empty((world_size, max(lengths)), dtype=torch.uint8, device=device)
+        self._all_gather_into(rows, row.to(device))
+        host = rows.cpu().contiguous()
+        return [_tensor_bytes(host[r, :n].contiguous()) for r, n in enumerate(lengths)]
+
     # ------------------------------------------------------------------ dumps
     def dump(self, error: BaseException | None = None, directory: str | Path | None = None) -> Path:
         """Write this rank's kept calls to `dump_path` (atomically) and return the path.
@@ -364,7 +389,8 @@ class RecordingCollective(CollectiveWrapper):
 
         Every rank must call it. The ranks first pass ``5`` barriers; the median difference
         of their exit times estimates each rank's clock offset from rank 0. The barriers
-        and the gather run on this layer's primitives, so they are not recorded, checked
+        and the gather (one all-gather of the sizes, one of the pickled records) run on
+        this layer's primitives, so they are not recorded, checked
         or watched. Returns one entry per rank: ``rank``, ``offset`` (seconds),
         ``dropped`` and ``calls`` (`CallRecord.as_dict` on rank 0's clock); None on a
         collective that is not set up.
@@ -381,7 +407,7 @@ class RecordingCollective(CollectiveWrapper):
             "dropped": self.dropped,
             "calls": [record.as_dict() for record in self._records],
         }
-        gathered: list[dict[str, Any]] = Collective.all_gather_object(self, mine)
+        gathered: list[dict[str, Any]] = [pickle.loads(b) for b in self._gather_bytes(mine)]
         reference = gathered[0]["exits"]
         for entry in gathered:
             offset = statistics.median(
@@ -401,21 +427,45 @@ _PLUMBING = ("accord.core.wrappers", "accord.core.collective", "accord.core.buff
 _UNKNOWN = CallSite("<unknown>", 0, "<unknown>")
 
 
+_OUTSIDE, _PASSING, _ACCORD = 0, 1, 2
+# What each code object on a call's way is: looked up once per function, not per call.
+_KINDS: dict[CodeType, int] = {}
+
+
+def _kind(frame: FrameType) -> int:
+    module = frame.f_globals.get("__name__", "")
+    if not isinstance(module, str):
+        module = ""
+    own = module == "accord" or module.startswith("accord.")
+    if not own or module.startswith("accord.testing"):
+        kind = _OUTSIDE
+    else:
+        kind = _PASSING if module.startswith(_PLUMBING) else _ACCORD
+    _KINDS[frame.f_code] = kind
+    return kind
+
+
 def _call_site() -> tuple[CallSite, CallSite | None]:
     """The first frame outside accord (accord.testing counts as outside), and the
     innermost accord frame on the way that is not collective plumbing (or None)."""
     frame: FrameType | None = sys._getframe(2)
     via: CallSite | None = None
+    kinds = _KINDS
     while frame is not None:
-        module = frame.f_globals.get("__name__", "")
-        if not (module == "accord" or module.startswith("accord.")) or module.startswith(
-            "accord.testing"
-        ):
+        kind = kinds.get(frame.f_code)
+        if kind is None:
+            kind = _kind(frame)
+        if kind == _OUTSIDE:
             return CallSite(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name), via
-        if via is None and not module.startswith(_PLUMBING):
+        if via is None and kind == _ACCORD:
             via = CallSite(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
         frame = frame.f_back
     return via or _UNKNOWN, None
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> bytes:
+    """The bytes of a contiguous CPU uint8 tensor, copied in one call (not byte by byte)."""
+    return ctypes.string_at(tensor.data_ptr(), tensor.numel())
 
 
 def _state_of(error: BaseException, rank: int) -> str:
