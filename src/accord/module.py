@@ -8,6 +8,8 @@ return forms), the ``on_*`` hooks, ``self.log`` and ``self.log_dict`` keep their
 from __future__ import annotations
 
 import inspect
+import io
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -180,9 +182,10 @@ class Module(nn.Module):
         calls it is recorded; with names (``save_hyperparameters("lr", "width")``) only
         those; with one dict, that dict. The Trainer stores them in every checkpoint (under
         ``"hyper_parameters"``) and gives them to its loggers at the start of ``fit``;
-        `load_from_checkpoint` passes them back to ``__init__``. Keep them to plain values
-        (numbers, strings, lists, dicts, tensors): checkpoints load with
-        ``weights_only=True``, which refuses other objects.
+        `load_from_checkpoint` passes them back to ``__init__``. Only plain values (numbers,
+        strings, lists, dicts, tensors) go into checkpoints, which load with
+        ``weights_only=True``; others (a class, a module) stay out, with a warning, and are
+        passed again to `load_from_checkpoint`.
 
         Args:
             args: argument names to record, or one dict to record as it is.
@@ -194,7 +197,7 @@ class Module(nn.Module):
         """
         skip = {ignore} if isinstance(ignore, str) else set(ignore or ())
         if len(args) == 1 and isinstance(args[0], Mapping):
-            self._hparams.update({k: v for k, v in args[0].items() if k not in skip})
+            self._record_hparams({k: v for k, v in args[0].items() if k not in skip})
             return
         frame = inspect.currentframe()
         caller = frame.f_back if frame is not None else None
@@ -222,7 +225,25 @@ class Module(nn.Module):
                 f"save_hyperparameters({', '.join(map(repr, unknown))}): not an argument of "
                 f"{type(self).__name__}.__init__ (its arguments: {sorted(init_args)})."
             )
-        self._hparams.update({k: init_args[k] for k in wanted if k not in skip})
+        self._record_hparams({k: init_args[k] for k in wanted if k not in skip})
+
+    def _record_hparams(self, values: dict[str, Any]) -> None:
+        self._hparams.update(values)
+        unsafe = sorted(k for k, v in values.items() if not _loads_safely(v))
+        if unsafe:
+            warnings.warn(
+                f"save_hyperparameters(): {unsafe} of {type(self).__name__} are not plain "
+                "values (numbers, strings, lists, dicts, tensors), so checkpoints leave them "
+                "out (loading a checkpoint runs no code). Pass them again to "
+                "load_from_checkpoint(path, name=...), or leave them out with ignore=[...].",
+                UserWarning,
+                stacklevel=3,
+            )
+
+    def hparams_for_checkpoint(self) -> dict[str, Any]:
+        """The hyperparameters a checkpoint stores: those that load with
+        ``weights_only=True`` (plain values), so reading the checkpoint runs no code."""
+        return {k: v for k, v in self._hparams.items() if _loads_safely(v)}
 
     @classmethod
     def load_from_checkpoint(
@@ -259,7 +280,15 @@ class Module(nn.Module):
                 f"{str(checkpoint_path)!r} is not an accord checkpoint (no 'state_dict')."
             )
         hparams = dict(checkpoint.get("hyper_parameters") or {})
-        model = cls(**{**hparams, **overrides})
+        try:
+            model = cls(**{**hparams, **overrides})
+        except TypeError as err:
+            raise CheckpointError(
+                f"{cls.__name__} could not be built from {str(checkpoint_path)!r}'s "
+                f"hyperparameters {sorted(hparams)} and the overrides {sorted(overrides)}: "
+                f"{err}. Hyperparameters that are not plain values are not saved; pass them "
+                "as keyword arguments to load_from_checkpoint."
+            ) from err
         try:
             model.load_state_dict(checkpoint["state_dict"], strict=strict)
         except RuntimeError as err:
@@ -462,3 +491,15 @@ class Module(nn.Module):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Read what `on_save_checkpoint` added, when resuming."""
+
+
+def _loads_safely(value: Any) -> bool:
+    """Whether ``value`` comes back from ``torch.load(weights_only=True)``."""
+    buffer = io.BytesIO()
+    try:
+        torch.save(value, buffer)
+        buffer.seek(0)
+        torch.load(buffer, weights_only=True)
+    except Exception:  # any failure means it is not a plain value
+        return False
+    return True

@@ -120,28 +120,62 @@ def test_load_from_checkpoint_rebuilds_the_module(tmp_path: Path) -> None:
 
 
 class Activation(accord.Module):
-    """Saves a class object as a hyperparameter, which weights_only loading refuses."""
+    """Takes a class as a hyperparameter: not a plain value."""
 
-    def __init__(self, act: type[nn.Module] = nn.ReLU) -> None:
+    def __init__(self, act: type[nn.Module] = nn.ReLU, width: int = 8) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.layer = nn.Linear(8, 1)
+        self.layer = nn.Linear(width, 1)
+        self.act = act()
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
-        return nn.functional.mse_loss(self.layer(x).squeeze(-1), y)
+        return nn.functional.mse_loss(self.act(self.layer(x)).squeeze(-1), y)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def test_loading_is_safe_by_default(tmp_path: Path) -> None:
-    trainer = _fit(tmp_path, Activation())
+def test_objects_stay_out_of_checkpoints_so_loading_stays_safe(tmp_path: Path) -> None:
+    with pytest.warns(UserWarning, match=r"\['act'\] of Activation are not plain values"):
+        model = Activation(nn.Tanh)
+    assert model.hparams.act is nn.Tanh
+    trainer = _fit(tmp_path, model)
     assert trainer.checkpoint_callback is not None
     path = trainer.checkpoint_callback.best_model_path
+    assert torch.load(path, weights_only=True)["hyper_parameters"] == {"width": 8}
+    with pytest.warns(UserWarning, match="not plain values"):
+        loaded = Activation.load_from_checkpoint(path, act=nn.Tanh)
+    assert isinstance(loaded.act, nn.Tanh)
+    assert torch.equal(loaded.layer.weight, model.layer.weight)
+    # A fit resumes from it with the safe loader.
+    with pytest.warns(UserWarning, match="not plain values"):
+        resumed = Activation(nn.Tanh)
+    again = accord.Trainer(
+        accelerator="cpu",
+        max_epochs=2,
+        limit_train_batches=3,
+        enable_progress_bar=False,
+        logger=False,
+        default_root_dir=tmp_path / "resume",
+    )
+    again.fit(resumed, loader(16), ckpt_path=path)
+    assert again.global_step == 6
+
+
+def test_loading_is_safe_by_default(tmp_path: Path) -> None:
+    unsafe = tmp_path / "unsafe.ckpt"
+    torch.save({"state_dict": {}, "hyper_parameters": {"act": nn.ReLU}}, unsafe)
     with pytest.raises(CheckpointError, match="weights_only=True refuses"):
-        Activation.load_from_checkpoint(path)
-    trusted = Activation.load_from_checkpoint(path, weights_only=False)
-    assert trusted.hparams.act is nn.ReLU
+        Activation.load_from_checkpoint(unsafe)
     with pytest.raises(CheckpointError, match="No checkpoint at"):
         Activation.load_from_checkpoint(tmp_path / "missing.ckpt")
+
+    class Needs(accord.Module):
+        def __init__(self, size: int) -> None:
+            super().__init__()
+
+    bare = tmp_path / "bare.ckpt"
+    torch.save({"state_dict": {}, "hyper_parameters": {}}, bare)
+    with pytest.raises(CheckpointError, match="pass them as keyword arguments"):
+        Needs.load_from_checkpoint(bare)

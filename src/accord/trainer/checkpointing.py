@@ -68,7 +68,9 @@ def checkpoint_state(trainer: Trainer, state: RunState) -> dict[str, Any]:
         "lr_schedulers": [c.scheduler.state_dict() for c in state.schedulers],
         "precision": strategy.precision_state_dict(),
         "callbacks": {cb.state_key: cb.state_dict() for cb in trainer.callbacks},
-        "hyper_parameters": dict(state.module.hparams) if state.module is not None else {},
+        "hyper_parameters": (
+            state.module.hparams_for_checkpoint() if state.module is not None else {}
+        ),
         "datamodule": trainer.datamodule.state_dict() if trainer.datamodule is not None else {},
         "rng_epoch_start": state.rng_epoch_start,
         "rng": torch.get_rng_state(),
