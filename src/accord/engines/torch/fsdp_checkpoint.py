@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
 __all__ = [
+    "write_sharded_offline",
     "META_FILE",
     "holds_dtensors",
     "load_options",
@@ -185,6 +186,43 @@ def read_sharded_whole(path: Path, weights_only: bool = True) -> dict[str, Any]:
     checkpoint["state_dict"] = tensors.get("model", {})
     checkpoint["optimizer_states"] = [tensors.get(f"optimizer_{i}", {}) for i in range(count)]
     return checkpoint
+
+
+def write_sharded_offline(checkpoint: dict[str, Any], path: Path, world_size: int = 1) -> Path:
+    """Write a whole ``checkpoint`` as a sharded directory, in this process alone.
+
+    No process group is needed: DCP writes each tensor whole, and an FSDP run at any world
+    size reads the directory, each rank taking its shards (DCP reshards on load), as it
+    reads one that FSDP wrote. ``optimizer_states`` must be keyed by parameter name, as
+    FSDP keys them. ``world_size`` is recorded as the writer's. The directory is written
+    under a staging name and renamed into place.
+
+    Raises:
+        CheckpointError: an optimizer state is numbered instead of keyed by name.
+    """
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+    from torch.distributed.checkpoint.state_dict_saver import save
+
+    tensors: dict[str, Any] = {"model": dict(checkpoint["state_dict"])}
+    optimizer_states = checkpoint.get("optimizer_states", [])
+    for index, state in enumerate(optimizer_states):
+        names = [n for g in state.get("param_groups", []) for n in g.get("params", [])]
+        if not all(isinstance(name, str) for name in names):
+            raise CheckpointError(
+                f"Optimizer state {index} is numbered, not keyed by parameter name; an FSDP "
+                "directory needs the names. Name its parameters first."
+            )
+        tensors[f"optimizer_{index}"] = state
+    meta = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
+    meta["sharded"] = True
+    meta["world_size"] = world_size
+    meta["fsdp_sharded"] = {"optimizer_count": len(optimizer_states), "world_size": world_size}
+    staging = path.with_name(f".{path.name}.tmp")
+    remove_path(staging)
+    save(tensors, storage_writer=FileSystemWriter(staging), no_dist=True)
+    save_checkpoint_file(meta, staging / META_FILE)
+    _replace(staging, path)
+    return path
 
 
 def _read_meta(path: Path, weights_only: bool) -> dict[str, Any]:
