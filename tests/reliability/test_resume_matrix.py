@@ -27,13 +27,15 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import accord
 from accord.callbacks import Callback
 from accord.checkpoint_io import read_checkpoint
+from accord.errors import CheckpointError
 from accord.strategies import FSDPStrategy
 from accord.testing import run_distributed
+from accord.trainer.data import epoch_order, global_order, resume_loader, samples_per_batch
 
 RTOL, ATOL = 1e-5, 1e-5
 SAMPLES, GLOBAL_BATCH, EPOCHS, SAVE_STEP = 96, 24, 3, 6
@@ -262,3 +264,57 @@ def test_a_shuffled_epoch_on_one_device_resumes_under_ddp(tmp_path: Path) -> Non
     before = _fit("single_device", 1, path, save_step=SAVE_STEP, shuffle=True)
     after = _joined(run_distributed(_shuffled_resume, 2, path, tmp_path / "x2.ckpt", timeout=180))
     _each_once_in_epoch_one(before, after)
+
+
+# ------------------------------------------------------- the order, in one process
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_the_recorded_order_is_the_order_the_ranks_took(shuffle: bool, ranks: int) -> None:
+    dataset = _data(10)  # 10 samples: 3 ranks pad the order to 12
+    taken: list[int] = []
+    order: dict[str, Any] | None = None
+    for rank in range(ranks):
+        sampler: DistributedSampler[Any] = DistributedSampler(
+            dataset, num_replicas=ranks, rank=rank, shuffle=shuffle, seed=7
+        )
+        sampler.set_epoch(3)
+        loader = DataLoader(dataset, batch_size=2, sampler=sampler)
+        order = epoch_order(loader, None)
+        taken += list(sampler)
+        assert samples_per_batch(loader, ranks) == 2 * ranks
+    assert order is not None
+    full = global_order(order)
+    assert sorted(taken) == sorted(full)
+    assert all(full[p] == i for p, i in _dealt(taken, ranks))
+
+
+def _dealt(taken: list[int], ranks: int) -> list[tuple[int, int]]:
+    """(position in the global order, index) of what each rank took, ranks in turn."""
+    share = len(taken) // ranks
+    return [(k * ranks + r, taken[r * share + k]) for r in range(ranks) for k in range(share)]
+
+
+def test_a_random_sampler_order_is_replayed_from_the_rng_at_the_epoch_start() -> None:
+    loader = DataLoader(_data(), batch_size=8, shuffle=True)
+    start = torch.get_rng_state()
+    drawn = [int(i) for batch in loader for i in batch[2]]
+    order = epoch_order(loader, start)
+    assert order is not None and order["kind"] == "random"
+    assert global_order(order) == drawn
+
+
+def test_the_rest_of_an_epoch_is_dealt_over_the_new_ranks() -> None:
+    order = {"kind": "sequential", "dataset_length": 10, "length": 10}
+    loader = DataLoader(_data(10), batch_size=2)
+    parts = [
+        [int(i) for batch in resume_loader(loader, order, 4, 3, rank) for i in batch[2]]
+        for rank in range(3)
+    ]
+    # Positions 4..9 dealt round-robin over 3 ranks, each rank with as many.
+    assert parts == [[4, 7], [5, 8], [6, 9]]
+    assert [int(i) for b in resume_loader(loader, order, 10, 2, 0) for i in b[2]] == []
+
+
+def test_an_order_accord_does_not_write_is_refused() -> None:
+    with pytest.raises(CheckpointError, match="data order 'made-up'"):
+        global_order({"kind": "made-up"})
