@@ -30,9 +30,10 @@ install_packages() {
         exit 1
     fi
     log "installing slurm-wlm and munge"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm munge >/dev/null \
-        || { apt-get update -q >/dev/null && \
-             DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm munge >/dev/null; }
+    # Without recommends: 9 packages instead of 43; the basic plugins hold all the lane uses.
+    local install=(apt-get install -y -q --no-install-recommends slurm-wlm munge)
+    DEBIAN_FRONTEND=noninteractive "${install[@]}" >/dev/null \
+        || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive "${install[@]}" >/dev/null; }
 }
 
 munge_works() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
