@@ -88,8 +88,11 @@ def test_two_job_steps_at_once_do_not_collide_on_ports(tmp_path: Path) -> None:
     script = tmp_path / "two_steps.sh"
     # --overlap: both steps share the job's two CPUs instead of waiting for each other.
     step = f"srun --overlap -N1 -n2 {sys.executable} {FIT}"
+    meet = tmp_path / "meet"
+    meet.mkdir()
     script.write_text(
         "#!/bin/bash\n"
+        f"export MEET_DIR={meet} MEET_COUNT=4\n"
         f"{step} {first} 2 &\n"
         f"{step} {second} 2 &\n"
         "wait %1 || exit 1\n"
@@ -107,8 +110,11 @@ def test_two_job_steps_at_once_do_not_collide_on_ports(tmp_path: Path) -> None:
 
 def test_a_job_array_trains_each_task_on_its_own_port(tmp_path: Path) -> None:
     script = tmp_path / "array.sh"
+    meet = tmp_path / "meet"
+    meet.mkdir()
     script.write_text(
         "#!/bin/bash\n"
+        f"export MEET_DIR={meet} MEET_COUNT=4\n"
         f"mkdir -p {tmp_path}/task$SLURM_ARRAY_TASK_ID\n"
         f"srun {sys.executable} {FIT} {tmp_path}/task$SLURM_ARRAY_TASK_ID 2\n"
     )

@@ -2,13 +2,19 @@
 
 Usage: slurm_fit.py OUT_DIR DEVICES [NUM_NODES]
 Each rank writes ``OUT_DIR/rank<global rank>.pt``.
+
+With ``MEET_DIR`` and ``MEET_COUNT`` set, every rank, once its process group is up, writes
+a file into MEET_DIR and trains only when MEET_COUNT such files exist: jobs or steps that
+share MEET_DIR then hold their process groups (and ports) at the same time.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -17,13 +23,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "strategies"))
 from models import LinearModel, flat_weights, loader
 
 import accord
+from accord.callbacks import Callback
+
+
+class Meet(Callback):
+    """Waits at the start of training until every rank of every meeting job is there."""
+
+    def __init__(self, directory: Path, count: int) -> None:
+        self.directory = directory
+        self.count = count
+
+    def on_train_start(self, trainer: accord.Trainer, module: Any) -> None:
+        job = os.environ["SLURM_JOB_ID"], os.environ["SLURM_STEP_ID"], trainer.global_rank
+        (self.directory / "{}.{}.{}".format(*job)).touch()
+        deadline = time.monotonic() + 180
+        while len(list(self.directory.iterdir())) < self.count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {list(self.directory.iterdir())} met in 180 s")
+            time.sleep(0.1)
 
 
 def main() -> None:
     out, devices = Path(sys.argv[1]), int(sys.argv[2])
     num_nodes = int(sys.argv[3]) if len(sys.argv) > 3 else 1
     model = LinearModel()
+    meet = os.environ.get("MEET_DIR")
     trainer = accord.Trainer(
+        callbacks=[Meet(Path(meet), int(os.environ["MEET_COUNT"]))] if meet else None,
         strategy="ddp",
         accelerator="cpu",
         devices=devices,
