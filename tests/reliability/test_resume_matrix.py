@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import accord
 from accord.callbacks import Callback
-from accord.checkpoint_io import read_checkpoint
+from accord.checkpoint_io import load_checkpoint_file, read_checkpoint, save_checkpoint_file
 from accord.errors import CheckpointError
 from accord.strategies import FSDPStrategy
 from accord.testing import run_distributed
@@ -318,3 +318,16 @@ def test_the_rest_of_an_epoch_is_dealt_over_the_new_ranks() -> None:
 def test_an_order_accord_does_not_write_is_refused() -> None:
     with pytest.raises(CheckpointError, match="data order 'made-up'"):
         global_order({"kind": "made-up"})
+
+
+def test_a_mid_epoch_resume_on_another_world_size_without_a_known_order_warns(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "mid.ckpt"
+    _fit("single_device", 1, path, save_step=SAVE_STEP)
+    checkpoint = load_checkpoint_file(path)
+    # As a run on 2 ranks over an order accord cannot rebuild (an IterableDataset) saves it.
+    checkpoint.update(world_size=2, data_order=None, samples_consumed=None)
+    save_checkpoint_file(checkpoint, path)
+    with pytest.warns(UserWarning, match="saved mid-epoch on 2 rank"):
+        _fit("single_device", 1, tmp_path / "final.ckpt", ckpt_path=path)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from lightning_utilities.core.rank_zero import rank_zero_warn
 from torch.utils.data import DataLoader
 
 from accord.callbacks.model_checkpoint import ModelCheckpoint
@@ -222,6 +223,15 @@ def _restore_position(
         order, consumed = checkpoint.get("data_order"), checkpoint.get("samples_consumed")
         if isinstance(order, dict) and isinstance(consumed, int):
             state.resume_position = (order, consumed)
+        elif checkpoint.get("world_size", trainer.world_size) != trainer.world_size:
+            rank_zero_warn(
+                f"This checkpoint was saved mid-epoch on {checkpoint['world_size']} rank(s) "
+                "with a data order accord cannot rebuild (an IterableDataset, a custom "
+                f"sampler, or a loader with its own generator); on {trainer.world_size} the "
+                "rest of the epoch skips the batches done, which may repeat or skip samples. "
+                "Resume on the same world size, or from a checkpoint saved at an epoch's end.",
+                category=UserWarning,
+            )
     state.batches_done = state.skip_batches
 
 
