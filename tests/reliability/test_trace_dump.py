@@ -35,13 +35,14 @@ def test_a_script_where_rank_1_skips_a_barrier_leaves_dumps_the_command_reads(
         check=False,
     )
     assert result.returncode != 0, result.stdout + result.stderr
-    # Without ACCORD_TRACE_DIR the dumps go to the run's log directory.
-    dumps = sorted(p.name for p in tmp_path.glob("collectives-rank*.json"))
+    # Without ACCORD_TRACE_DIR, and without a logger, the dumps go under default_root_dir.
+    traces = tmp_path / "accord_traces"
+    dumps = sorted(p.name for p in traces.glob("collectives-rank*.json"))
     assert dumps == ["collectives-rank0.json", "collectives-rank1.json"], result.stderr
-    assert f"{tmp_path / 'collectives-rank0.json'}" in result.stderr
+    assert f"{traces / 'collectives-rank0.json'}" in result.stderr
     assert "CollectiveMismatchError" in result.stderr
 
-    report = run_python(["-m", "accord.trace", str(tmp_path)], timeout=60).stdout
+    report = run_python(["-m", "accord.trace", str(traces)], timeout=60).stdout
     barrier = _line(SCRIPT, 'trainer.strategy.barrier("sync")')
     reduce = _line(SCRIPT, "trainer.strategy.reduce(torch.tensor(1.0))")
     lines = report.splitlines()
@@ -54,7 +55,7 @@ def test_a_script_where_rank_1_skips_a_barrier_leaves_dumps_the_command_reads(
     assert "barrier(name='sync')" in rank0 and f"{SCRIPT}:{barrier}" in rank0
     assert "all_reduce(" in rank1 and f"{SCRIPT}:{reduce}" in rank1
 
-    summary = run_python(["-m", "accord.trace", str(tmp_path), "--summary"], timeout=60).stdout
+    summary = run_python(["-m", "accord.trace", str(traces), "--summary"], timeout=60).stdout
     assert "all_reduce" in summary and "waiting s" in summary
 
 

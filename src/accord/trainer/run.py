@@ -11,7 +11,12 @@ import torch
 from lightning_utilities.core.rank_zero import rank_zero_only
 
 from accord.core.strategy import RunSettings
-from accord.core.wrappers.recorder import RecordingCollective, find_recorder, merge_timeline
+from accord.core.wrappers.recorder import (
+    DEFAULT_TRACE_DIR,
+    RecordingCollective,
+    find_recorder,
+    merge_timeline,
+)
 from accord.datamodule import datamodule_loaders, warn_unused_val_loader
 from accord.errors import CollectiveError, is_communication_error
 from accord.module import Module
@@ -66,8 +71,8 @@ def run_stage(
     rank_zero_only.rank = strategy.global_rank  # type: ignore[attr-defined]
     recorder = find_recorder(strategy.collective)
     if recorder is not None:
-        # Rank 0's log directory for every rank: another rank may number versions apart.
-        recorder.share_directory(trainer.log_dir)
+        # Rank 0's directory for every rank: another rank may number log versions apart.
+        recorder.share_directory(_dump_dir(trainer))
         recorder.reset()
         recorder.step_source = lambda: trainer.global_step
     if trainer.deterministic:
@@ -107,7 +112,7 @@ def run_stage(
         if trainer.profiler == "timeline" and recorder is not None:
             gathered = recorder.gather_records()
             if gathered is not None and strategy.is_global_zero:
-                target = recorder.directory or trainer.log_dir
+                target = trainer.log_dir
                 path = merge_timeline(gathered, target / f"collective-timeline-{stage}.json")
                 print_timeline_path(path, stage)
         for logger in rank_zero_loggers(trainer):
@@ -145,6 +150,14 @@ def _record_timeline(trainer: Trainer) -> None:
         strategy.collective = RecordingCollective(strategy.collective, _TIMELINE_CAPACITY)
     elif recorder.capacity < _TIMELINE_CAPACITY:
         recorder.capacity = _TIMELINE_CAPACITY
+
+
+def _dump_dir(trainer: Trainer) -> Path:
+    """Where a failure leaves each rank's calls: the log directory, or, without a logger,
+    ``accord_traces`` under ``default_root_dir`` (``ACCORD_TRACE_DIR`` wins over both)."""
+    if trainer.loggers:
+        return trainer.log_dir
+    return trainer.default_root_dir / DEFAULT_TRACE_DIR
 
 
 def _leaves_trace(error: BaseException) -> bool:

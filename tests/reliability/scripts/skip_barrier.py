@@ -5,7 +5,7 @@ Usage: skip_barrier.py ROOT
 Two processes (``devices=2``, the script is re-run for rank 1), one epoch. After the
 second batch every rank but rank 1 waits in ``barrier("sync")``; then every rank reduces a
 value. Run it with ``ACCORD_COLLECTIVE_TIMEOUT`` set: the watchdog stops the run, and each
-rank leaves its last collective calls in ``ROOT`` (or ``ACCORD_TRACE_DIR``).
+rank leaves its last collective calls in ``ROOT/accord_traces`` (or ``ACCORD_TRACE_DIR``).
 """
 
 from __future__ import annotations

@@ -493,7 +493,8 @@ def _write_json(path: Path, payload: Any) -> None:
 
 def trace_dir(directory: str | Path | None = None) -> Path:
     """Where dumps go: ``ACCORD_TRACE_DIR``, else ``directory`` (the Trainer passes the
-    run's log directory), else `DEFAULT_TRACE_DIR` under the working directory."""
+    run's log directory, or `DEFAULT_TRACE_DIR` under ``default_root_dir`` without a
+    logger), else `DEFAULT_TRACE_DIR` under the working directory."""
     chosen = os.environ.get(TRACE_DIR_ENV_VAR, "").strip()
     if chosen:
         return Path(chosen)
