@@ -24,7 +24,7 @@ from accord.core.wrappers.recorder import (
     find_recorder,
     merge_timeline,
 )
-from accord.errors import ConfigurationError
+from accord.errors import CollectiveError, ConfigurationError
 from accord.testing import run_distributed
 from accord.trace import first_divergence, load, summarize
 from accord.trace.__main__ import main as trace_main
@@ -239,3 +239,34 @@ def test_a_single_device_fit_writes_a_timeline(tmp_path: Path) -> None:
     slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert {e["pid"] for e in slices} == {0}
     assert "barrier epoch" in {e["name"] for e in slices}
+
+
+class LosesItsPeers(Callback):
+    """Fails the way a dead peer makes a rank fail, after one collective call."""
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        trainer.strategy.barrier("before")
+        raise CollectiveError("Connection closed by peer")
+
+
+def test_a_communication_failure_in_a_fit_leaves_the_calls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(TRACE_DIR_ENV_VAR, str(tmp_path / "traces"))
+    trainer = accord.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+        callbacks=[LosesItsPeers()],
+    )
+    with pytest.raises(CollectiveError) as caught:
+        trainer.fit(LinearModel(), loader(16))
+    path = tmp_path / "traces" / "collectives-rank0.json"
+    assert f"last 1 collective calls are in {path}" in str(caught.value)
+    (rank,) = load(path)
+    assert [(c["op"], c["label"], c["step"]) for c in rank.calls] == [("barrier", "before", 1)]
+    assert rank.error == "CollectiveError: Connection closed by peer"
