@@ -43,10 +43,16 @@ def test_steps_of_one_job_get_different_ports(
     step: SLURMEnvironment, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ports = set()
-    for step_id in range(64):
+    for step_id in range(1000):
         monkeypatch.setenv("SLURM_STEP_ID", str(step_id))
         ports.add(step.main_port)
-    assert len(ports) == 64 and all(10000 <= port < 30000 for port in ports)
+    assert len(ports) == 1000 and all(10000 <= port < 30000 for port in ports)
+    monkeypatch.setenv("SLURM_STEP_ID", "0")
+    same_step = set()
+    for job_id in range(5000, 25000):
+        monkeypatch.setenv("SLURM_JOB_ID", str(job_id))
+        same_step.add(step.main_port)
+    assert len(same_step) == 20000
     monkeypatch.setenv("MASTER_PORT", "29400")
     assert step.main_port == 29400
 

@@ -44,8 +44,10 @@ class SLURMEnvironment(ClusterEnvironment):
         job_id = _int_variable("SLURM_JOB_ID", 0)
         step_id = _int_variable("SLURM_STEP_ID", 0)
         # Job ids are unique per cluster (each task of an array has its own); a job's
-        # concurrent steps differ in their step id. 64 steps per job before ports repeat.
-        return _PORT_BASE + (job_id * 64 + step_id % 64) % _PORT_RANGE
+        # concurrent steps differ in their step id. The prime step stride is coprime with
+        # the range, so a job's steps never share a port, nor do jobs under 20000 apart
+        # at the same step.
+        return _PORT_BASE + (job_id + step_id * _STEP_STRIDE) % _PORT_RANGE
 
     @staticmethod
     @override
@@ -144,6 +146,7 @@ class SLURMEnvironment(ClusterEnvironment):
 
 _PORT_BASE = 10000
 _PORT_RANGE = 20000
+_STEP_STRIDE = 4099
 
 
 def _int_variable(name: str, default: int) -> int:
