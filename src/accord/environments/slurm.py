@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -98,19 +99,27 @@ class SLURMEnvironment(ClusterEnvironment):
         job_id = os.environ.get("SLURM_JOB_ID", "").strip()
         if not job_id:
             return _requeue_failed("SLURM_JOB_ID is not set, so there is no job to requeue")
-        command = ["scontrol", "requeue", job_id]
+        if shutil.which("scontrol") is None:
+            return _requeue_failed("scontrol is not on PATH on this node")
+        # scontrol runs inside the job step, so the requeue it asks for SIGTERMs it too,
+        # sometimes before it exits: it ignores SIGTERM (SLURM's SIGKILL comes KillWait later).
+        command = ["sh", "-c", 'trap "" TERM; exec scontrol requeue "$1"', "sh", job_id]
+        shown = f"scontrol requeue {job_id}"
         try:
             result = subprocess.run(
                 command, capture_output=True, text=True, timeout=60, check=False
             )
-        except FileNotFoundError:
-            return _requeue_failed("scontrol is not on PATH on this node")
         except subprocess.TimeoutExpired:
-            return _requeue_failed(f"{' '.join(command)} did not finish within 60 s")
+            return _requeue_failed(f"{shown} did not finish within 60 s")
+        if result.returncode < 0:
+            return _requeue_failed(
+                f"{shown} was killed by signal {-result.returncode} before it answered; "
+                "check `scontrol show job` for whether the job was requeued"
+            )
         if result.returncode != 0:
             said = (result.stderr or result.stdout).strip() or f"exit {result.returncode}"
             return _requeue_failed(
-                f"{' '.join(command)} failed: {said}. Only batch jobs submitted with "
+                f"{shown} failed: {said}. Only batch jobs submitted with "
                 "`sbatch --requeue` (or on a cluster with JobRequeue=1) can be requeued; "
                 "resubmit the job to continue from the checkpoint"
             )
