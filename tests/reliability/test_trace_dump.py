@@ -88,14 +88,16 @@ def test_a_watchdog_timeout_leaves_a_dump_on_every_rank_that_can_write(tmp_path:
     for rank, message in enumerate(messages):
         assert f"{tmp_path / f'collectives-rank{rank}.json'}" in message
         assert f"python -m accord.trace {tmp_path}" in message
-    assert "waited 2 s in barrier" in messages[0] and "was abandoned" in messages[1]
+    assert "waited 2 s in barrier" in messages[0]
 
     ranks = load(tmp_path)
     divergence = first_divergence(ranks)
     assert divergence is not None
     assert (divergence.seq, divergence.expected["op"], divergence.missing) == (3, "barrier", [1])
     states = {rank: call["state"] for rank, call in divergence.calls.items() if call}
-    assert states == {0: "timeout", 1: "abandoned"}
+    # Rank 1 normally learns that rank 0 gave up; on a host so loaded that it arrives
+    # after rank 0 has gone, it loses contact with rank 0's store instead.
+    assert states[0] == "timeout" and states[1] in ("abandoned", "failed")
     barrier = _line(Path(THIS_FILE), 'collective.barrier("sync")  # rank 1 skips it')
     assert divergence.expected["site"] == f"{THIS_FILE}:{barrier} in _stays_away"
     assert ranks[0].missing_ranks == [1]
