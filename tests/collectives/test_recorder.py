@@ -25,6 +25,7 @@ from accord.core.wrappers.recorder import (
     merge_timeline,
 )
 from accord.errors import CollectiveError, ConfigurationError
+from accord.strategies import DDPStrategy
 from accord.testing import run_distributed
 from accord.trace import first_divergence, load, summarize
 from accord.trace.__main__ import main as trace_main
@@ -270,3 +271,41 @@ def test_a_communication_failure_in_a_fit_leaves_the_calls(
     (rank,) = load(path)
     assert [(c["op"], c["label"], c["step"]) for c in rank.calls] == [("barrier", "before", 1)]
     assert rank.error == "CollectiveError: Connection closed by peer"
+
+
+def _debug_timeline_fit(rank: int, world_size: int, root: str) -> dict[str, Any]:
+    strategy = DDPStrategy(debug=True)
+    trainer = accord.Trainer(
+        strategy=strategy,
+        devices=2,
+        accelerator="cpu",
+        max_epochs=1,
+        limit_train_batches=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        default_root_dir=root,
+        profiler="timeline",
+    )
+    trainer.fit(LinearModel(), loader(16))
+    recorder = find_recorder(strategy.collective)
+    assert recorder is not None
+    return {
+        "outermost": type(strategy.collective).__name__,
+        "recorder_inside": recorder is not strategy.collective,
+        "capacity": recorder.capacity,
+        "calls": len(recorder.records),
+    }
+
+
+@pytest.mark.timeout(240)
+def test_the_timeline_reuses_the_recorder_debug_mode_brings(tmp_path: Path) -> None:
+    results = run_distributed(_debug_timeline_fit, 2, str(tmp_path), timeout=200)
+    for result in results:
+        # The debug check stays outermost; its recorder, closest to the backend, is enlarged.
+        assert result["outermost"] == "DebugCollective" and result["recorder_inside"]
+        assert result["capacity"] >= 100_000 and result["calls"] > 0
+    trace = json.loads((tmp_path / "collective-timeline-fit.json").read_text())
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert {e["pid"] for e in slices} == {0, 1}
+    assert len(slices) == sum(result["calls"] for result in results)
