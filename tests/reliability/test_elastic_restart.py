@@ -8,10 +8,15 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+import accord
+from accord.environments import LocalEnvironment
+from accord.strategies import DDPStrategy
+from accord.trainer.recovery import restart_checkpoint
 from conftest import ROOT, run_python
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "preempt_fit.py")
@@ -57,3 +62,40 @@ def test_torchrun_restart_after_a_rank_is_killed_resumes_to_the_same_weights(
         final = torch.load(elastic / f"final.rank{rank}.pt")
         assert final["global_step"] == TOTAL_STEPS
         torch.testing.assert_close(final["weights"], expected, rtol=0, atol=1e-6)
+
+
+class _Restarted(LocalEnvironment):
+    """A machine whose scheduler says this is the job's ``restarts``-th restart."""
+
+    def __init__(self, restarts: int) -> None:
+        super().__init__()
+        self.restarts = restarts
+
+    def restart_count(self) -> int:
+        return self.restarts
+
+
+def _trainer(root: Path, restarts: int, **kwargs: Any) -> accord.Trainer:
+    strategy = DDPStrategy(cluster_environment=_Restarted(restarts))
+    return accord.Trainer(
+        accelerator="cpu", devices=1, strategy=strategy, default_root_dir=root, **kwargs
+    )
+
+
+def test_a_restart_picks_the_newest_finished_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert restart_checkpoint(_trainer(tmp_path, restarts=0)) is None
+    assert restart_checkpoint(_trainer(tmp_path, restarts=1)) is None
+    assert "restart 1: no finished checkpoint yet" in capsys.readouterr().err
+
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    (checkpoints / "epoch=0-step=8.ckpt").write_bytes(b"older")
+    newest = checkpoints / "preempted.ckpt"
+    newest.write_bytes(b"newer")
+    os.utime(checkpoints / "epoch=0-step=8.ckpt", (1, 1))
+    (checkpoints / ".epoch=1-step=16.ckpt.tmp").write_bytes(b"unfinished")
+    assert restart_checkpoint(_trainer(tmp_path, restarts=2)) == newest
+    assert f"restart 2: resuming from {str(newest)!r}" in capsys.readouterr().err
+    assert restart_checkpoint(_trainer(tmp_path, restarts=2, auto_resume=False)) is None
