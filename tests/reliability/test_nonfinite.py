@@ -9,10 +9,13 @@ from typing import Any
 
 import pytest
 import torch
-from models import LinearModel, flat_weights, loader
+from models import CountingCollective, LinearModel, flat_weights, loader
+from torch import nn
 
 import accord
 from accord.errors import ConfigurationError, NonFiniteValueError
+from accord.strategies import DDPStrategy
+from accord.testing import run_distributed
 from conftest import run_python
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "preempt_fit.py")
@@ -102,3 +105,44 @@ def test_unknown_mode_is_refused() -> None:
         match=r"on_nonfinite=.skip. is not known; use one of raise, skip_step, warn",
     ):
         accord.Trainer(accelerator="cpu", on_nonfinite="skip")
+
+
+class _Quiet(accord.Module):
+    """A linear model that logs nothing, so the loop's own collectives are all there is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = nn.Linear(8, 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.mse_loss(self.layer(x).squeeze(-1), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _count_collectives(rank: int, world_size: int) -> dict[str, int]:
+    strategy = DDPStrategy(collective=CountingCollective())
+    trainer = accord.Trainer(
+        strategy=strategy,
+        devices=2,
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+    )
+    trainer.fit(_Quiet(), loader(batch_size=16))
+    collective = strategy.collective
+    assert isinstance(collective, CountingCollective)
+    return {**collective.calls, "steps": trainer.global_step}
+
+
+@pytest.mark.timeout(180)
+def test_skip_nonfinite_and_preemption_share_one_all_reduce_per_batch() -> None:
+    results = run_distributed(_count_collectives, 2, timeout=150)
+    for result in results:
+        assert result["steps"] == 8
+        assert result == {"all_reduce": 8, "steps": 8}
