@@ -39,6 +39,19 @@ def slurm_problem() -> str | None:
     return None
 
 
+def lane_marks() -> list[pytest.MarkDecorator]:
+    """A cluster test's marks: ``slurm``, and a skip saying why where no cluster answers.
+
+    Test modules set ``pytestmark = lane_marks()``; a ``conftest.py`` here would shadow the
+    suite's own ``conftest`` module that other test folders import helpers from.
+    """
+    problem = slurm_problem()
+    return [
+        pytest.mark.slurm,
+        pytest.mark.skipif(problem is not None, reason=f"SLURM cannot run here: {problem}"),
+    ]
+
+
 def job_env(**extra: str) -> dict[str, str]:
     """This process's environment without the variables of a job it may itself be part of."""
     env = {

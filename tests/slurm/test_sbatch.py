@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from slurm_jobs import ROOT, job_env, job_state, output, run, sbatch, wait_for_job
+from slurm_jobs import ROOT, job_env, job_state, lane_marks, output, run, sbatch, wait_for_job
+
+pytestmark = lane_marks()
 
 EXAMPLE = ROOT / "examples" / "slurm"
 SBATCH_SCRIPT = EXAMPLE / "train.sbatch"

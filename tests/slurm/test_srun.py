@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 import torch
-from slurm_jobs import ROOT, SCRIPTS, job_env, output, run, sbatch, wait_for_job
+from slurm_jobs import ROOT, SCRIPTS, job_env, lane_marks, output, run, sbatch, wait_for_job
 
 from accord.environments import SLURMEnvironment
+
+pytestmark = lane_marks()
 
 FIT = SCRIPTS / "slurm_fit.py"
 
