@@ -24,6 +24,7 @@ SCRIPTS: list[tuple[str, list[str]]] = [
     ("bench_reduce.py", []),
     ("bench_logging.py", []),
     ("bench_startup.py", []),
+    ("bench_timeline.py", []),
 ]
 
 

@@ -321,6 +321,9 @@ class Collective(ABC):
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """Return rank ``src``'s picklable ``obj`` on every rank (other ranks' ``obj`` is ignored).
 
+        The other ranks unpickle what ``src`` sent, which can run code of the sender's choosing:
+        use it between the ranks of one job only, never with data from outside it.
+
         Raises:
             TypeError: on ``src``, when ``obj`` cannot be pickled.
             CollectiveError: on the other ranks in that case, so none of them hangs.
@@ -331,6 +334,9 @@ class Collective(ABC):
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Return every rank's picklable ``obj``, in rank order.
+
+        Each rank unpickles what the others sent, which can run code of the sender's choosing:
+        use it between the ranks of one job only, never with data from outside it.
 
         Raises:
             TypeError: on a rank whose ``obj`` cannot be pickled.

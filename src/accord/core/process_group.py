@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -211,6 +211,10 @@ class ProcessGroupCollective(MemberCollective):
         if group is None:
             raise CollectiveError(f"{type(self).__name__}'s default process group is gone.")
         return group
+
+    def _op(self, name: str) -> AbstractContextManager[None]:
+        """Around a primitive: the backend's timeout inside ``name`` as `CollectiveTimeoutError`."""
+        return backend_timeouts(name, self._rank, self.timeout)
 
     # ---------------------------------------------------------------- lifecycle
     @override

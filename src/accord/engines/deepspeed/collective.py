@@ -150,49 +150,61 @@ class DeepSpeedCollective(ProcessGroupCollective):
     # ---------------------------------------------------------------- primitives
     @override
     def _all_reduce_(self, buffer: torch.Tensor, op: ReduceOp) -> None:
-        self._comm.all_reduce(buffer, op=_ds_op(self._comm, op))
+        with self._op("all_reduce"):
+            self._comm.all_reduce(buffer, op=_ds_op(self._comm, op))
 
     @override
     def _broadcast_(self, buffer: torch.Tensor, src: int) -> None:
-        self._comm.broadcast(byte_view(buffer), src=src)
+        with self._op("broadcast"):
+            self._comm.broadcast(byte_view(buffer), src=src)
 
     @override
     def _all_gather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
-        self._comm.all_gather_into_tensor(byte_view(output).view(-1), byte_view(tensor).view(-1))
+        with self._op("all_gather"):
+            self._comm.all_gather_into_tensor(
+                byte_view(output).view(-1), byte_view(tensor).view(-1)
+            )
 
     @override
     def _reduce_scatter_into(
         self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp
     ) -> None:
-        self._comm.reduce_scatter_tensor(
-            output.view(-1), tensor.view(-1), op=_ds_op(self._comm, op)
-        )
+        with self._op("reduce_scatter"):
+            self._comm.reduce_scatter_tensor(
+                output.view(-1), tensor.view(-1), op=_ds_op(self._comm, op)
+            )
 
     @override
     def _barrier(self) -> None:
-        self._comm.barrier()
+        with self._op("barrier"):
+            self._comm.barrier()
 
     @override
     def _send(self, tensor: torch.Tensor, dst: int) -> None:
-        self._comm.send(byte_view(tensor), dst=dst)
+        with self._op("send"):
+            self._comm.send(byte_view(tensor), dst=dst)
 
     @override
     def _recv_(self, buffer: torch.Tensor, src: int) -> None:
-        self._comm.recv(byte_view(buffer), src=src)
+        with self._op("recv"):
+            self._comm.recv(byte_view(buffer), src=src)
 
     @override
     def _gather_into(self, output: torch.Tensor | None, tensor: torch.Tensor, dst: int) -> None:
         rows = list(byte_view(output).unbind(0)) if output is not None else None
-        self._comm.gather(byte_view(tensor), gather_list=rows, dst=dst)
+        with self._op("gather"):
+            self._comm.gather(byte_view(tensor), gather_list=rows, dst=dst)
 
     @override
     def _scatter_into(self, output: torch.Tensor, tensor: torch.Tensor | None, src: int) -> None:
         rows = list(byte_view(tensor).unbind(0)) if tensor is not None else None
-        self._comm.scatter(byte_view(output), scatter_list=rows, src=src)
+        with self._op("scatter"):
+            self._comm.scatter(byte_view(output), scatter_list=rows, src=src)
 
     @override
     def _all_to_all_into(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
-        self._comm.all_to_all_single(byte_view(output), byte_view(tensor))
+        with self._op("all_to_all"):
+            self._comm.all_to_all_single(byte_view(output), byte_view(tensor))
 
 
 def _ds_op(comm: ModuleType, op: ReduceOp) -> Any:

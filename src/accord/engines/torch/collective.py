@@ -13,7 +13,6 @@ timeout for the groups this collective creates.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from datetime import timedelta
 from math import prod
 from typing import TYPE_CHECKING, Any
@@ -25,7 +24,6 @@ from accord.core.collective import ReduceOp
 from accord.core.process_group import (
     DEFAULT_TIMEOUT,
     ProcessGroupCollective,
-    backend_timeouts,
     byte_view,
 )
 from accord.core.rendezvous import DEFAULT_RENDEZVOUS_TIMEOUT, rendezvous_timeout
@@ -242,9 +240,6 @@ class TorchCollective(ProcessGroupCollective):
         return torch.device("cpu")
 
     # ---------------------------------------------------------------- primitives
-    def _op(self, name: str) -> AbstractContextManager[None]:
-        return backend_timeouts(name, self._rank, self.timeout)
-
     def _global(self, rank: int) -> int:
         if self._group is None:
             return rank
