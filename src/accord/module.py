@@ -7,10 +7,11 @@ return forms), the ``on_*`` hooks, ``self.log`` and ``self.log_dict`` keep their
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import io
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -82,6 +83,26 @@ class ManualOptimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the gradients of this optimizer's parameters."""
         self._module.trainer.strategy.zero_grad(self.optimizer, self._module.wrapped_module)
+
+    @contextlib.contextmanager
+    def toggle_model(self, sync_grad: bool = True) -> Iterator[None]:
+        """Inside it, only this optimizer's parameters require gradients
+        (`Module.toggle_optimizer`); with ``sync_grad=False`` a backward inside it also
+        skips the strategy's gradient synchronisation (DDP's all-reduce), as Lightning's
+        ``LightningOptimizer.toggle_model`` does.
+
+        For gradient accumulation by hand: on the batches that do not step, run the
+        backward under ``sync_grad=False``; the gradients add up on each rank, and the
+        synchronised backward of the stepping batch averages the sum over the ranks.
+        """
+        module = self._module
+        strategy = module.trainer.strategy
+        with strategy.no_backward_sync(module.wrapped_module, enabled=not sync_grad):
+            module.toggle_optimizer(self)
+            try:
+                yield
+            finally:
+                module.untoggle_optimizer(self)
 
 
 class Module(nn.Module):

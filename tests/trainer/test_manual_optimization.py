@@ -1,5 +1,6 @@
 """Manual optimization (automatic_optimization = False): a GAN-style module with two
-optimizers trains exactly as the same steps written in plain PyTorch."""
+optimizers trains exactly as the same steps written in plain PyTorch. The multi-rank
+cases are in test_manual_optimization_ddp.py."""
 
 from __future__ import annotations
 
@@ -12,8 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import accord
-from accord.errors import ConfigurationError, RankFailureError
-from accord.testing import run_distributed
+from accord.errors import ConfigurationError
 
 
 def _data() -> TensorDataset:
@@ -139,12 +139,3 @@ def test_what_manual_optimization_leaves_to_training_step_is_refused(tmp_path: P
         _trainer(tmp_path, gradient_clip_val=1.0).fit(GAN(), loader)
     with pytest.raises(ConfigurationError, match="accumulate_grad_batches"):
         _trainer(tmp_path, accumulate_grad_batches=2).fit(GAN(), loader)
-
-
-def _fit_on_ddp(rank: int, world_size: int, root: Path) -> None:
-    _trainer(root, strategy="ddp", devices=2).fit(GAN(), DataLoader(_data(), batch_size=4))
-
-
-def test_multi_rank_strategies_say_they_do_not_run_it_yet(tmp_path: Path) -> None:
-    with pytest.raises(RankFailureError, match=r"runs on one device .* not on DDPStrategy"):
-        run_distributed(_fit_on_ddp, 2, tmp_path, timeout=240)

@@ -72,6 +72,20 @@ class ParallelStrategy(Strategy):
                 env, self.num_processes, self.start_method, self.num_nodes
             )
 
+    @override
+    def check_manual_optimization(self) -> None:
+        """Refuse manual optimization; the strategies that run it (DDP) override this.
+
+        Raises:
+            ConfigurationError: always, naming the strategies that run it.
+        """
+        raise ConfigurationError(
+            f"Manual optimization (automatic_optimization = False) does not run on "
+            f"{type(self).__name__}. Use strategy='ddp' (or 'ddp_spawn', 'ddp_fork') for "
+            "several processes, 'single_device' or 'dp' for one, or keep "
+            "automatic_optimization = True on this strategy."
+        )
+
     @property
     def num_processes(self) -> int:
         """Processes on this node."""

@@ -17,7 +17,10 @@ class RunSettings:
     Attributes:
         accumulate_grad_batches: batches whose gradients add up to one optimizer step.
         gradient_clip_val: the total gradient norm to clip to, or None.
+        manual_optimization: the module sets ``automatic_optimization = False``, so its
+            ``training_step`` runs its own backward passes and optimizer steps.
     """
 
     accumulate_grad_batches: int = 1
     gradient_clip_val: float | None = None
+    manual_optimization: bool = False

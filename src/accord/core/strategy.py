@@ -211,6 +211,13 @@ class Strategy(StrategyCheckpointing):
         """Arguments passed to ``collective.setup()``."""
         return {}
 
+    def check_manual_optimization(self) -> None:
+        """Refuse manual optimization (``automatic_optimization = False``) where this
+        strategy cannot run it; the Trainer asks before it starts any process.
+
+        One-process strategies run it as they are.
+        """
+
     def setup_module(self, module: nn.Module) -> nn.Module:
         """Move ``module`` to the device and wrap it as the strategy needs."""
         return self.precision.convert_module(module.to(self.root_device))
@@ -264,7 +271,12 @@ class Strategy(StrategyCheckpointing):
     def no_backward_sync(
         self, module: nn.Module, enabled: bool
     ) -> contextlib.AbstractContextManager[Any]:
-        """Skip gradient synchronisation while ``enabled`` (between accumulation steps)."""
+        """Skip gradient synchronisation while ``enabled`` (between accumulation steps).
+
+        Under manual optimization the forward and the backward both run inside
+        ``training_step``; there the context may be entered around the backward alone
+        (`ManualOptimizer.toggle_model` with ``sync_grad=False``).
+        """
         return contextlib.nullcontext()
 
     def clip_gradients(

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 from lightning_utilities.core.rank_zero import rank_zero_warn
 
-from accord.core.parallel import ParallelStrategy
 from accord.errors import ConfigurationError
 from accord.module import Module
 from accord.trainer.checkpointing import epoch_batches
@@ -22,7 +21,7 @@ from accord.trainer.step_decision import decide_step, on_nonfinite
 if TYPE_CHECKING:
     from accord.trainer.trainer import Trainer
 
-__all__ = ["FitLoop", "loss_of"]
+__all__ = ["FitLoop", "check_manual", "loss_of"]
 
 
 def loss_of(output: Any) -> torch.Tensor | None:
@@ -272,7 +271,7 @@ class FitLoop:
             state.metrics,
         )
         assert model is not None and wrapped is not None
-        _check_manual(trainer)
+        check_manual(trainer)
         total = trainer.num_training_batches
         val_every = self._val_every(total)
         for batch_idx, batch in self._epoch_batches(loader):
@@ -345,13 +344,16 @@ class FitLoop:
         self._step_schedulers("step", trainer.global_step)
 
 
-def _check_manual(trainer: Trainer) -> None:
+def check_manual(trainer: Trainer) -> None:
     """Refuse what manual optimization leaves to ``training_step``, and the strategies
-    it does not run on yet.
+    that do not run it (`Strategy.check_manual_optimization`).
+
+    The Trainer calls it before it starts any process, and again as training starts.
 
     Raises:
         ConfigurationError: ``gradient_clip_val`` or ``accumulate_grad_batches`` set, or
-            a strategy other than one device or DataParallel.
+            a strategy that does not run manual optimization (FSDP, DeepSpeed, Horovod,
+            XLA).
     """
     if trainer.gradient_clip_val is not None:
         raise ConfigurationError(
@@ -362,13 +364,8 @@ def _check_manual(trainer: Trainer) -> None:
     if trainer.accumulate_grad_batches != 1:
         raise ConfigurationError(
             "Trainer(accumulate_grad_batches=...) does not apply under manual optimization; "
-            "step the optimizers every N batches yourself in training_step."
+            "step the optimizers every N batches yourself in training_step (under DDP, "
+            "backward inside `with optimizer.toggle_model(sync_grad=False)` on the batches "
+            "that do not step skips the gradient all-reduce)."
         )
-    strategy = trainer.strategy
-    if isinstance(strategy, ParallelStrategy) or strategy.world_size > 1:
-        raise ConfigurationError(
-            f"Manual optimization (automatic_optimization = False) runs on one device "
-            f"(strategy='single_device' or 'dp') in this version, not on "
-            f"{type(strategy).__name__}: its gradient synchronisation is tied to the "
-            "automatic backward. Use automatic optimization for multi-rank training."
-        )
+    trainer.strategy.check_manual_optimization()

@@ -83,6 +83,7 @@ def run_stage(
         RunSettings(
             accumulate_grad_batches=trainer.accumulate_grad_batches,
             gradient_clip_val=trainer.gradient_clip_val,
+            manual_optimization=not model.automatic_optimization,
         )
     )
     state.metrics = MetricStore()

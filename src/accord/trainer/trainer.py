@@ -27,6 +27,7 @@ from accord.trainer.arguments import build_callbacks, build_loggers, check_limit
 from accord.trainer.checkpointing import checkpoint_state
 from accord.trainer.connector import connect
 from accord.trainer.data import module_loader, overrides
+from accord.trainer.fit_loop import check_manual
 from accord.trainer.metrics import MetricStore
 from accord.trainer.optimizers import SchedulerConfig
 from accord.trainer.preemption import DEFAULT_PREEMPTION_SIGNALS, SignalLike, parse_signals
@@ -291,6 +292,9 @@ class Trainer:
                 train_dataloaders = module_loader(model, "train_dataloader")
             if val_dataloaders is None and overrides(model, "validation_step"):
                 val_dataloaders = module_loader(model, "val_dataloader", required=False)
+        if isinstance(model, Module) and not model.automatic_optimization:
+            # Before any process starts, so a refusal is raised here, not by every rank.
+            check_manual(self)
         self._launch("fit", model, train_dataloaders, val_dataloaders, ckpt_path)
 
     def validate(

@@ -165,6 +165,21 @@ class DeepSpeedStrategy(ParallelStrategy):
             )
 
     @override
+    def check_manual_optimization(self) -> None:
+        """Refuse manual optimization: DeepSpeed's engine owns the one optimizer.
+
+        Raises:
+            ConfigurationError: always.
+        """
+        raise ConfigurationError(
+            "Manual optimization (automatic_optimization = False) does not run on "
+            "DeepSpeedStrategy: the DeepSpeed engine owns one optimizer and runs its "
+            "backward, gradient accumulation and step itself, so training_step cannot call "
+            "manual_backward or step optimizers. Use automatic optimization with one "
+            "optimizer on DeepSpeed, or strategy='ddp' for manual optimization."
+        )
+
+    @override
     def default_collective(self) -> Collective:
         return DeepSpeedCollective(self.process_group_backend, timeout=self.timeout)
 

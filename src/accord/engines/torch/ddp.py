@@ -11,6 +11,7 @@ the debug check fingerprints the gradient traffic along with the user's collecti
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -54,7 +55,11 @@ class DDPStrategy(ParallelStrategy):
             or ``ACCORD_DEBUG_COLLECTIVES``) always uses ``"collective"``, so a gradient
             bucket that meets another rank's user collective is a
             `CollectiveMismatchError`, not a backend crash.
-        find_unused_parameters, **ddp_kwargs: passed to `DistributedDataParallel`.
+        find_unused_parameters: passed to `DistributedDataParallel`. None (the default)
+            means False under automatic optimization and True under manual optimization,
+            where a backward often reaches only some parameters (a GAN's generator step
+            leaves the discriminator's frozen by ``toggle_optimizer``).
+        **ddp_kwargs: passed to `DistributedDataParallel`.
         accelerator, parallel_devices, cluster_environment, collective, precision, num_nodes, debug:
             as `ParallelStrategy`.
     """
@@ -71,7 +76,7 @@ class DDPStrategy(ParallelStrategy):
         process_group_backend: str | None = None,
         timeout: float | timedelta = 1800.0,
         gradient_sync: GradientSync = "native",
-        find_unused_parameters: bool = False,
+        find_unused_parameters: bool | None = None,
         debug: bool = False,
         **ddp_kwargs: Any,
     ) -> None:
@@ -93,6 +98,8 @@ class DDPStrategy(ParallelStrategy):
         self.timeout = timeout
         self.gradient_sync = gradient_sync
         self.ddp_kwargs = {"find_unused_parameters": find_unused_parameters, **ddp_kwargs}
+        # Depth of `no_backward_sync` contexts entered for a manual backward.
+        self._manual_sync_blocked = 0
 
     @override
     def default_collective(self) -> Collective:
@@ -109,11 +116,14 @@ class DDPStrategy(ParallelStrategy):
                 "not create or join one. Use a collective built on TorchCollective."
             )
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
+        kwargs = dict(self.ddp_kwargs)
+        if kwargs["find_unused_parameters"] is None:
+            kwargs["find_unused_parameters"] = self.run_settings.manual_optimization
         wrapped = DistributedDataParallel(
             StepModule(module),
             device_ids=device_ids,
             process_group=self.process_group,
-            **self.ddp_kwargs,
+            **kwargs,
         )
         if self.gradient_sync == "collective" or has_layer(self.collective, DebugCollective):
             wrapped.register_comm_hook(self.collective, _ddp_gradient_bucket_hook)
@@ -128,18 +138,54 @@ class DDPStrategy(ParallelStrategy):
         return None
 
     @override
+    def check_manual_optimization(self) -> None:
+        """DDP runs manual optimization: each `backward` reduces the gradients it makes."""
+
+    @override
     def step(self, model: nn.Module, name: str, *args: Any) -> Any:
-        if isinstance(model, DistributedDataParallel):
+        if not isinstance(model, DistributedDataParallel):
+            return super().step(model, name, *args)
+        if not (self.run_settings.manual_optimization and name == "training_step"):
             return model(name, *args)
-        return super().step(model, name, *args)
+        # A manual training_step runs its backward passes inside this forward, and each
+        # `backward` prepares DDP's reducer itself. Left to the forward, the reducer would
+        # be prepared after the step, for a backward that never comes, and the next
+        # step's first backward would be reduced even inside `no_backward_sync`.
+        with model.no_sync():
+            output = model(name, *args)
+        # Buffers (broadcast_buffers) are sent before the next forward, as after a
+        # synchronised step.
+        model.require_forward_param_sync = True
+        return output
+
+    @override
+    def backward(self, loss: torch.Tensor, module: nn.Module) -> None:
+        if (
+            self.run_settings.manual_optimization
+            and isinstance(module, DistributedDataParallel)
+            and not self._manual_sync_blocked
+            and torch.is_grad_enabled()
+        ):
+            _prepare_manual_backward(module, loss)
+        super().backward(loss, module)
 
     @override
     def no_backward_sync(
         self, module: nn.Module, enabled: bool
     ) -> contextlib.AbstractContextManager[Any]:
-        if enabled and isinstance(module, DistributedDataParallel):
-            return module.no_sync()
-        return contextlib.nullcontext()
+        if not (enabled and isinstance(module, DistributedDataParallel)):
+            return contextlib.nullcontext()
+        if self.run_settings.manual_optimization:
+            return self._manual_no_sync()
+        return module.no_sync()
+
+    @contextlib.contextmanager
+    def _manual_no_sync(self) -> Iterator[None]:
+        self._manual_sync_blocked += 1
+        try:
+            yield
+        finally:
+            self._manual_sync_blocked -= 1
 
     @override
     def unwrap(self, module: nn.Module) -> nn.Module:
@@ -148,6 +194,23 @@ class DDPStrategy(ParallelStrategy):
         if isinstance(module, StepModule):
             module = module.module
         return module
+
+
+def _prepare_manual_backward(module: DistributedDataParallel, loss: torch.Tensor) -> None:
+    """Arm DDP's reducer for one backward of ``loss`` run outside DDP's forward.
+
+    What DDP's forward does after the module runs, for a backward the caller starts
+    itself: the reducer then averages the gradients this backward makes, and with
+    ``find_unused_parameters`` the parameters ``loss`` does not reach (frozen, or used
+    by another optimizer's loss) count as ready instead of being waited for.
+    """
+    reducer = module.reducer
+    # The reducer rebuilds its buckets in the first forward after a synchronised backward;
+    # with several backward passes in one forward it must happen before the next one.
+    reducer._rebuild_buckets()
+    unused_search = module.find_unused_parameters and not module.static_graph
+    reducer.prepare_for_backward([loss] if unused_search else [])
+    module.require_forward_param_sync = True
 
 
 def _ddp_gradient_bucket_hook(

@@ -153,6 +153,23 @@ class FSDPStrategy(ParallelStrategy):
         backend = self.process_group_backend or default_torch_backend(self.root_device)
         return TorchCollective(backend, timeout=self.timeout)
 
+    @override
+    def check_manual_optimization(self) -> None:
+        """Refuse manual optimization: FSDP gathers and frees parameters around the
+        root's forward and reduce-scatters gradients when its backward ends, which a
+        backward run inside ``training_step`` (inside that forward) does not fit.
+
+        Raises:
+            ConfigurationError: always.
+        """
+        raise ConfigurationError(
+            "Manual optimization (automatic_optimization = False) does not run on "
+            "FSDPStrategy: FSDP gathers parameters around the model's forward and "
+            "reduce-scatters gradients at the end of its backward, and manual_backward runs "
+            "inside training_step, inside that forward. Use strategy='ddp' (or 'ddp_spawn', "
+            "'ddp_fork') for manual optimization, or automatic optimization on FSDP."
+        )
+
     # ------------------------------------------------------------------ wrapping
     @override
     def setup_module(self, module: nn.Module) -> nn.Module:
