@@ -1,0 +1,249 @@
+"""One Lightning-style script, run under accord and under Lightning 2.6.6, agrees.
+
+The script below is a template whose only difference between the two runs is its import
+block: a LightningModule with ``self.log``/``log_dict``/``prog_bar``, an LR scheduler dict,
+a DataModule, ``save_hyperparameters``, ``load_from_checkpoint``, ``LearningRateMonitor``,
+``ModelCheckpoint(monitor="val_loss", save_top_k=2)`` and ``EarlyStopping``. Each run
+writes what it observed to a JSON file; the test compares the per-epoch logged numbers,
+the checkpoint file names, the epoch early stopping ended on, the best checkpoint and the
+final weights. accord runs in this project's venv; Lightning in the benchmarks' venv
+(``make .venv-bench/.installed``), which holds ``pytorch-lightning==2.6.6`` with the same
+torch. Without it the test is skipped.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
+
+ACCORD_IMPORTS = """\
+from accord import DataModule as LightningDataModule
+from accord import Module as LightningModule
+from accord import Trainer
+from accord.callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
+from accord.loggers import CSVLogger
+"""
+
+LIGHTNING_IMPORTS = """\
+from pytorch_lightning import LightningDataModule, LightningModule, Trainer
+from pytorch_lightning.callbacks import (
+    Callback,
+    EarlyStopping,
+    LearningRateMonitor,
+    ModelCheckpoint,
+)
+from pytorch_lightning.loggers import CSVLogger
+"""
+
+SCRIPT = """\
+import json
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+{imports}
+
+class Regressor(LightningModule):
+    def __init__(self, lr: float = 0.05, hidden: int = 8) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(4, hidden), nn.Tanh(), nn.Linear(hidden, 1))
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        prediction = self(x)
+        loss = nn.functional.mse_loss(prediction, y)
+        self.log("train_loss", loss, on_step=False, on_epoch=True, prog_bar=True)
+        self.log_dict(
+            {{"train_mae": (prediction - y).abs().mean()}}, on_step=False, on_epoch=True
+        )
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self(x), y), prog_bar=True)
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+        return {{
+            "optimizer": optimizer,
+            "lr_scheduler": {{"scheduler": scheduler, "interval": "epoch"}},
+        }}
+
+
+class Data(LightningDataModule):
+    def setup(self, stage):
+        generator = torch.Generator().manual_seed(1)
+        x = torch.randn(80, 4, generator=generator)
+        weight = torch.tensor([[1.0], [-2.0], [0.5], [0.0]])
+        y = torch.tanh(x @ weight) + 0.3 * torch.randn(80, 1, generator=generator)
+        self.train_set = TensorDataset(x[:64], y[:64])
+        self.val_set = TensorDataset(x[64:], y[64:])
+
+    def train_dataloader(self):
+        return DataLoader(self.train_set, batch_size=8)
+
+    def val_dataloader(self):
+        return DataLoader(self.val_set, batch_size=8)
+
+
+class Record(Callback):
+    def __init__(self):
+        self.seen = []
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        metrics = trainer.callback_metrics
+        self.seen.append([float(metrics[k]) for k in ("train_loss", "train_mae", "val_loss")])
+
+
+def main(out: Path) -> None:
+    checkpoints = ModelCheckpoint(dirpath=out / "checkpoints", monitor="val_loss", save_top_k=2)
+    stopping = EarlyStopping(monitor="val_loss", patience=2, min_delta=0.01)
+    record = Record()
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=30,
+        logger=CSVLogger(out, name="logs", version=0),
+        callbacks=[LearningRateMonitor(logging_interval="epoch"), checkpoints, stopping, record],
+        enable_progress_bar=False,
+        log_every_n_steps=1,
+    )
+    model = Regressor(lr=0.05)
+    trainer.fit(model, datamodule=Data())
+    best = Regressor.load_from_checkpoint(checkpoints.best_model_path)
+    result = {{
+        "current_epoch": trainer.current_epoch,
+        "global_step": trainer.global_step,
+        "stopped_epoch": stopping.stopped_epoch,
+        "checkpoints": sorted(p.name for p in (out / "checkpoints").iterdir()),
+        "best_model_path": Path(checkpoints.best_model_path).name,
+        "best_model_score": float(checkpoints.best_model_score),
+        "best_hparams": dict(best.hparams),
+        "callback_metrics": record.seen,
+        "weights": {{k: v.flatten().tolist() for k, v in model.state_dict().items()}},
+        "best_weights": {{k: v.flatten().tolist() for k, v in best.state_dict().items()}},
+    }}
+    (out / "result.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
+"""
+
+
+def _lightning_missing() -> str | None:
+    """Why the Lightning side cannot run, or None when it can."""
+    if not BENCH_PYTHON.exists():
+        return f"{BENCH_PYTHON} does not exist (make .venv-bench/.installed creates it)"
+    probe = subprocess.run(
+        [str(BENCH_PYTHON), "-c", "import pytorch_lightning"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"{BENCH_PYTHON} cannot import pytorch_lightning: {last}"
+    return None
+
+
+def _run(python: Path | str, imports: str, out: Path) -> dict[str, Any]:
+    out.mkdir()
+    script = out / "train.py"
+    script.write_text(SCRIPT.format(imports=imports))
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [str(python), str(script), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=out,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result: dict[str, Any] = json.loads((out / "result.json").read_text())
+    result["csv"] = _logged_metrics(out / "logs" / "version_0" / "metrics.csv")
+    return result
+
+
+def _logged_metrics(path: Path) -> dict[str, dict[str, float]]:
+    """Each logged metric by the ``epoch``/``step`` of its row in the CSV log (the
+    LR monitor's rows have no epoch)."""
+    metrics: dict[str, dict[str, float]] = {}
+    with path.open() as handle:
+        for row in csv.DictReader(handle):
+            where = f"epoch={row.get('epoch', '')} step={row['step']}"
+            for key, value in row.items():
+                if key in ("epoch", "step") or value in ("", None):
+                    continue
+                metrics.setdefault(key, {})[where] = float(value)
+    return metrics
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6)
+
+
+def test_the_same_script_trains_the_same_under_accord_and_lightning(tmp_path: Path) -> None:
+    missing = _lightning_missing()
+    if missing is not None:
+        pytest.skip(missing)
+    ours = _run(sys.executable, ACCORD_IMPORTS, tmp_path / "accord")
+    theirs = _run(BENCH_PYTHON, LIGHTNING_IMPORTS, tmp_path / "lightning")
+
+    # Early stopping ends on the same epoch, after the same number of steps.
+    assert ours["stopped_epoch"] == theirs["stopped_epoch"]
+    assert ours["current_epoch"] == theirs["current_epoch"]
+    assert ours["global_step"] == theirs["global_step"]
+    assert 0 < theirs["current_epoch"] < 30, "the script should stop early"
+
+    # Every logged number (train_loss, train_mae, val_loss per epoch; lr-SGD), under the
+    # same names, at the same epoch and step of the CSV log.
+    logged = {"train_loss", "train_mae", "val_loss", "lr-SGD"}
+    assert ours["csv"].keys() == logged
+    assert theirs["csv"].keys() == logged
+    for key, by_row in theirs["csv"].items():
+        assert ours["csv"][key].keys() == by_row.keys(), key
+        for where, value in by_row.items():
+            assert _close(ours["csv"][key][where], value), (key, where)
+    assert len(theirs["csv"]["lr-SGD"]) == theirs["current_epoch"]
+    # What a callback reads in trainer.callback_metrics at the end of each epoch.
+    assert len(ours["callback_metrics"]) == len(theirs["callback_metrics"])
+    for mine, lightning in zip(ours["callback_metrics"], theirs["callback_metrics"], strict=True):
+        assert all(_close(a, b) for a, b in zip(mine, lightning, strict=True))
+
+    # The same two checkpoints kept, named alike; the same best one, loaded back with its
+    # hyperparameters.
+    assert ours["checkpoints"] == theirs["checkpoints"]
+    assert len(ours["checkpoints"]) == 2
+    assert ours["best_model_path"] == theirs["best_model_path"]
+    assert _close(ours["best_model_score"], theirs["best_model_score"])
+    assert ours["best_hparams"] == theirs["best_hparams"] == {"lr": 0.05, "hidden": 8}
+
+    for name in ("weights", "best_weights"):
+        assert ours[name].keys() == theirs[name].keys()
+        for key, values in theirs[name].items():
+            assert all(_close(a, b) for a, b in zip(ours[name][key], values, strict=True)), (
+                name,
+                key,
+            )
