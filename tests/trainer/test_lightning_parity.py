@@ -71,15 +71,18 @@ class Regressor(LightningModule):
         x, y = batch
         prediction = self(x)
         loss = nn.functional.mse_loss(prediction, y)
-        self.log("train_loss", loss, on_step=False, on_epoch=True, prog_bar=True)
+        self.log("train_loss", loss, on_step=False, on_epoch=True, prog_bar=True, sync_dist=True)
         self.log_dict(
-            {{"train_mae": (prediction - y).abs().mean()}}, on_step=False, on_epoch=True
+            {{"train_mae": (prediction - y).abs().mean()}},
+            on_step=False,
+            on_epoch=True,
+            sync_dist=True,
         )
         return loss
 
     def validation_step(self, batch, batch_idx):
         x, y = batch
-        self.log("val_loss", nn.functional.mse_loss(self(x), y), prog_bar=True)
+        self.log("val_loss", nn.functional.mse_loss(self(x), y), prog_bar=True, sync_dist=True)
 
     def configure_optimizers(self):
         optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
@@ -100,7 +103,13 @@ class Data(LightningDataModule):
         self.val_set = TensorDataset(x[64:], y[64:])
 
     def train_dataloader(self):
-        return DataLoader(self.train_set, batch_size=8)
+        # Under DDP Lightning shuffles the training DistributedSampler even for a loader in
+        # order (accord follows the loader), so the loader shuffles there. On one device
+        # it keeps its order: from the second epoch on Lightning's shuffled order is not
+        # the plain loader's (accord's is).
+        generator = torch.Generator().manual_seed(7)
+        shuffle = self.trainer.world_size > 1
+        return DataLoader(self.train_set, batch_size=8, shuffle=shuffle, generator=generator)
 
     def val_dataloader(self):
         return DataLoader(self.val_set, batch_size=8)
@@ -115,13 +124,14 @@ class Record(Callback):
         self.seen.append([float(metrics[k]) for k in ("train_loss", "train_mae", "val_loss")])
 
 
-def main(out: Path) -> None:
+def main(out: Path, strategy: str, devices: int) -> None:
     checkpoints = ModelCheckpoint(dirpath=out / "checkpoints", monitor="val_loss", save_top_k=2)
     stopping = EarlyStopping(monitor="val_loss", patience=2, min_delta=0.01)
     record = Record()
     trainer = Trainer(
         accelerator="cpu",
-        devices=1,
+        strategy=strategy,
+        devices=devices,
         max_epochs=30,
         logger=CSVLogger(out, name="logs", version=0),
         callbacks=[LearningRateMonitor(logging_interval="epoch"), checkpoints, stopping, record],
@@ -130,6 +140,8 @@ def main(out: Path) -> None:
     )
     model = Regressor(lr=0.05)
     trainer.fit(model, datamodule=Data())
+    if not trainer.is_global_zero:
+        return
     best = Regressor.load_from_checkpoint(checkpoints.best_model_path)
     result = {{
         "current_epoch": trainer.current_epoch,
@@ -147,7 +159,7 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]))
 """
 
 
@@ -167,13 +179,15 @@ def _lightning_missing() -> str | None:
     return None
 
 
-def _run(python: Path | str, imports: str, out: Path) -> dict[str, Any]:
+def _run(
+    python: Path | str, imports: str, out: Path, strategy: str, devices: int
+) -> dict[str, Any]:
     out.mkdir()
     script = out / "train.py"
     script.write_text(SCRIPT.format(imports=imports))
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [str(python), str(script), str(out)],
+        [str(python), str(script), str(out), strategy, str(devices)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -204,12 +218,15 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6)
 
 
-def test_the_same_script_trains_the_same_under_accord_and_lightning(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("strategy", "devices"), [("single_device", 1), ("ddp", 2)])
+def test_the_same_script_trains_the_same_under_accord_and_lightning(
+    strategy: str, devices: int, tmp_path: Path
+) -> None:
     missing = _lightning_missing()
     if missing is not None:
         pytest.skip(missing)
-    ours = _run(sys.executable, ACCORD_IMPORTS, tmp_path / "accord")
-    theirs = _run(BENCH_PYTHON, LIGHTNING_IMPORTS, tmp_path / "lightning")
+    ours = _run(sys.executable, ACCORD_IMPORTS, tmp_path / "accord", strategy, devices)
+    theirs = _run(BENCH_PYTHON, LIGHTNING_IMPORTS, tmp_path / "lightning", strategy, devices)
 
     # Early stopping ends on the same epoch, after the same number of steps.
     assert ours["stopped_epoch"] == theirs["stopped_epoch"]
