@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import accord
 from accord.errors import ConfigurationError
 from accord.module import ManualOptimizer
+from accord.strategies import DDPStrategy
 from accord.testing import run_distributed
 
 # 32 samples: 4 batches of 4 per rank on two ranks, or 4 batches of 8 on one device.
@@ -103,6 +104,32 @@ class Accumulating(accord.Module):
         return torch.optim.SGD(self.net.parameters(), lr=0.1, momentum=0.9)
 
 
+class TwoStepsPerBatch(accord.Module):
+    """Two backward passes and optimizer steps in one ``training_step``, each over every
+    parameter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        real, noise = batch
+        opt = self.optimizers()
+        assert isinstance(opt, ManualOptimizer)
+        for scale in (1.0, 2.0):
+            opt.zero_grad()
+            self.manual_backward(nn.functional.mse_loss(self.net(real) * scale, noise))
+            opt.step()
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.Adam(self.parameters(), lr=0.01)
+
+
+_KINDS = {"gan": GAN, "accumulate": Accumulating, "two_steps": TwoStepsPerBatch}
+
+
 def _trainer(root: Path | None, **kwargs: Any) -> accord.Trainer:
     settings: dict[str, Any] = {
         "accelerator": "cpu",
@@ -127,9 +154,12 @@ def _one_device(model: accord.Module, root: Path) -> tuple[dict[str, torch.Tenso
     return _weights(model), trainer.global_step
 
 
-def _fit_on_ddp(rank: int, world_size: int, root: Path, kind: str) -> dict[str, Any]:
-    model = GAN() if kind == "gan" else Accumulating()
-    trainer = _trainer(root, strategy="ddp", devices=world_size)
+def _fit_on_ddp(
+    rank: int, world_size: int, root: Path, kind: str, find_unused: bool | None = None
+) -> dict[str, Any]:
+    model = _KINDS[kind]()
+    strategy = DDPStrategy(find_unused_parameters=find_unused)
+    trainer = _trainer(root, strategy=strategy, devices=world_size)
     trainer.fit(model, DataLoader(_data(), batch_size=4))
     return {
         "weights": _weights(model),
@@ -160,8 +190,12 @@ def test_two_optimizers_on_ddp_train_as_one_device(tmp_path: Path) -> None:
         assert not torch.equal(ranks[0]["weights"][key], start[key]), key
 
 
-def test_accumulation_by_hand_skips_the_sync_between_steps(tmp_path: Path) -> None:
-    ranks = run_distributed(_fit_on_ddp, 2, tmp_path, "accumulate", timeout=240)
+# None: on under manual optimization; False: DDP's reducer also rebuilds its buckets.
+@pytest.mark.parametrize("find_unused", [None, False])
+def test_accumulation_by_hand_skips_the_sync_between_steps(
+    find_unused: bool | None, tmp_path: Path
+) -> None:
+    ranks = run_distributed(_fit_on_ddp, 2, tmp_path, "accumulate", find_unused, timeout=240)
     expected, steps = _one_device(Accumulating(), tmp_path)
     assert steps == 4
     assert [r["global_step"] for r in ranks] == [4, 4]
@@ -199,3 +233,16 @@ def test_strategies_that_cannot_run_it_refuse_before_starting(
     trainer = _trainer(tmp_path, strategy=strategy, devices=2)
     with pytest.raises(ConfigurationError, match=match):
         trainer.fit(GAN(), DataLoader(_data(), batch_size=4))
+
+
+def test_several_backward_passes_per_batch_without_unused_parameter_search(
+    tmp_path: Path,
+) -> None:
+    # With find_unused_parameters=False DDP's reducer rebuilds its buckets after the first
+    # synchronised backward; here a second one comes before the next forward.
+    ranks = run_distributed(_fit_on_ddp, 2, tmp_path, "two_steps", False, timeout=240)
+    expected, steps = _one_device(TwoStepsPerBatch(), tmp_path)
+    assert steps == 16
+    assert [r["global_step"] for r in ranks] == [16, 16]
+    _assert_same(ranks[0]["weights"], expected)
+    _assert_same(ranks[1]["weights"], expected)
