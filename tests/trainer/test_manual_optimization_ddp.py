@@ -155,10 +155,10 @@ def _one_device(model: accord.Module, root: Path) -> tuple[dict[str, torch.Tenso
 
 
 def _fit_on_ddp(
-    rank: int, world_size: int, root: Path, kind: str, find_unused: bool | None = None
+    rank: int, world_size: int, root: Path, kind: str, options: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     model = _KINDS[kind]()
-    strategy = DDPStrategy(find_unused_parameters=find_unused)
+    strategy = DDPStrategy(**(options or {}))
     trainer = _trainer(root, strategy=strategy, devices=world_size)
     trainer.fit(model, DataLoader(_data(), batch_size=4))
     return {
@@ -190,12 +190,23 @@ def test_two_optimizers_on_ddp_train_as_one_device(tmp_path: Path) -> None:
         assert not torch.equal(ranks[0]["weights"][key], start[key]), key
 
 
+@pytest.mark.parametrize("options", [{"gradient_sync": "collective"}, {"debug": True}])
+def test_gradients_through_the_collective(options: dict[str, Any], tmp_path: Path) -> None:
+    # Every gradient bucket goes through the strategy's collective (a DDP comm hook); in
+    # debug mode through the check that the ranks make the same calls.
+    ranks = run_distributed(_fit_on_ddp, 2, tmp_path, "gan", options, timeout=240)
+    expected, _ = _one_device(GAN(), tmp_path)
+    _assert_same(ranks[0]["weights"], expected)
+    _assert_same(ranks[1]["weights"], expected)
+
+
 # None: on under manual optimization; False: DDP's reducer also rebuilds its buckets.
 @pytest.mark.parametrize("find_unused", [None, False])
 def test_accumulation_by_hand_skips_the_sync_between_steps(
     find_unused: bool | None, tmp_path: Path
 ) -> None:
-    ranks = run_distributed(_fit_on_ddp, 2, tmp_path, "accumulate", find_unused, timeout=240)
+    options = {"find_unused_parameters": find_unused}
+    ranks = run_distributed(_fit_on_ddp, 2, tmp_path, "accumulate", options, timeout=240)
     expected, steps = _one_device(Accumulating(), tmp_path)
     assert steps == 4
     assert [r["global_step"] for r in ranks] == [4, 4]
@@ -240,7 +251,8 @@ def test_several_backward_passes_per_batch_without_unused_parameter_search(
 ) -> None:
     # With find_unused_parameters=False DDP's reducer rebuilds its buckets after the first
     # synchronised backward; here a second one comes before the next forward.
-    ranks = run_distributed(_fit_on_ddp, 2, tmp_path, "two_steps", False, timeout=240)
+    options = {"find_unused_parameters": False}
+    ranks = run_distributed(_fit_on_ddp, 2, tmp_path, "two_steps", options, timeout=240)
     expected, steps = _one_device(TwoStepsPerBatch(), tmp_path)
     assert steps == 16
     assert [r["global_step"] for r in ranks] == [16, 16]
