@@ -139,3 +139,12 @@ def test_what_manual_optimization_leaves_to_training_step_is_refused(tmp_path: P
         _trainer(tmp_path, gradient_clip_val=1.0).fit(GAN(), loader)
     with pytest.raises(ConfigurationError, match="accumulate_grad_batches"):
         _trainer(tmp_path, accumulate_grad_batches=2).fit(GAN(), loader)
+
+
+def test_schedulers_step_only_when_training_step_steps_them(tmp_path: Path) -> None:
+    # As in Lightning: no epoch-end step of its own under manual optimization.
+    trainer = _trainer(tmp_path, max_epochs=2)
+    trainer.fit(GAN(), DataLoader(_data(), batch_size=4))
+    (g_opt, _) = trainer.optimizers
+    # training_step stepped the StepLR once per batch: 6 batches, 2 epochs.
+    assert g_opt.param_groups[0]["lr"] == pytest.approx(0.01 * 0.9**12)

@@ -156,6 +156,10 @@ class FitLoop:
         return trainer.max_epochs is not None and trainer.current_epoch >= trainer.max_epochs
 
     def _step_schedulers(self, interval: str, count: int) -> None:
+        model = self.state.module
+        if model is not None and not model.automatic_optimization:
+            # Under manual optimization training_step steps them, as in Lightning.
+            return
         step_schedulers(self.state.schedulers, interval, count, self.trainer.callback_metrics)
 
     def _epoch_batches(self, loader: Iterable[Any]) -> Iterator[tuple[int, Any]]:
