@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from accord.collectives import ReduceOpLike, TorchCollective
 from accord.errors import ConfigurationError
 from accord.strategies import DDPStrategy
 from accord.testing import DEFAULT_TOLERANCES, assert_strategies_agree
+from accord.testing.equivalence import _launch
 
 
 class Net(accord.Module):
@@ -92,3 +94,51 @@ def test_settings_that_cannot_agree_are_refused() -> None:
     with pytest.raises(ConfigurationError, match="at least steps \\* batch_size = 40"):
         assert_strategies_agree(Net, make_data, ["ddp"], steps=5)
     assert DEFAULT_TOLERANCES[torch.float32] == (1e-5, 1e-6)
+
+
+def test_ddp_spawn_and_ddp_fork_agree_with_one_device() -> None:
+    # Their own launcher starts the ranks from this process; the kit reads each rank's record.
+    records = assert_strategies_agree(Net, make_data, ["ddp_spawn", "ddp_fork"], steps=2)
+    assert list(records) == ["single_device", "ddp_spawn", "ddp_fork"]
+    assert records["ddp_fork"].samples == [list(range(8)), list(range(8, 16))]
+
+
+def test_deepspeed_stages_1_and_3_agree_with_one_device() -> None:
+    pytest.importorskip("deepspeed", reason="needs deepspeed: pip install 'accord[deepspeed]'")
+    assert_strategies_agree(
+        Net, make_data, ["deepspeed_stage_1", "deepspeed_stage_3"], steps=2, timeout=400
+    )
+
+
+class TorchrunDDP(DDPStrategy):
+    """A DDP whose ranks an outside launcher (torchrun) must start, as horovodrun does Horovod's."""
+
+    def external_launch_command(self, num_processes: int) -> list[str] | None:
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={num_processes}",
+            "--no-python",
+        ]
+
+
+def test_each_strategy_starts_its_ranks_the_way_it_must() -> None:
+    assert _launch("single_device", 2) == ("caller", None)
+    assert _launch("dp", 2) == ("caller", None)
+    # Ranks that find themselves already started: run_distributed starts them.
+    assert _launch("ddp", 2) == ("ranks", None)
+    assert _launch("fsdp", 2) == ("ranks", None)
+    # Their own launcher would start ranks again inside run_distributed's: run in the caller.
+    assert _launch("ddp_spawn", 2) == ("launcher", None)
+    assert _launch("ddp_fork", 2) == ("launcher", None)
+    launch, command = _launch(TorchrunDDP, 2)
+    assert launch == "external"
+    assert command is not None and "--nproc-per-node=2" in command
+
+
+def test_a_strategy_started_by_an_outside_launcher_agrees_with_one_device() -> None:
+    # The kit runs accord.testing._agree_worker under the launcher, the arguments pickled.
+    records = assert_strategies_agree(Net, make_data, [TorchrunDDP], steps=2)
+    assert records["TorchrunDDP"].samples == records["single_device"].samples

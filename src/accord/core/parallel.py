@@ -72,6 +72,26 @@ class ParallelStrategy(Strategy):
                 env, self.num_processes, self.start_method, self.num_nodes
             )
 
+    @property
+    def launches_own_processes(self) -> bool:
+        """Whether this strategy's launcher starts the local ranks from the calling process.
+
+        True for the ``spawn``, ``fork`` and ``forkserver`` start methods (and XLA's
+        ``xmp.spawn``): the caller runs the Trainer and its launcher starts the ranks. False
+        for ``popen``, whose ranks may equally be started by torchrun or `run_distributed`.
+        """
+        return self.start_method != "popen"
+
+    def external_launch_command(self, num_processes: int) -> list[str] | None:
+        """The command that must start ``num_processes`` ranks of this strategy on this machine.
+
+        ``None`` (the default) when accord can start them itself. A strategy whose ranks only
+        an outside launcher can start (Horovod: ``horovodrun``) returns that launcher's
+        command, to be followed by ``python ...``; `accord.testing.assert_strategies_agree`
+        runs its ranks under it.
+        """
+        return None
+
     @override
     def check_manual_optimization(self) -> None:
         """Refuse manual optimization; the strategies that run it (DDP) override this.

@@ -9,13 +9,19 @@ training on a single device.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import pickle
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -24,7 +30,7 @@ from accord.callbacks.callback import Callback
 from accord.checkpoint_io import read_checkpoint
 from accord.core.parallel import ParallelStrategy
 from accord.core.strategy import Strategy
-from accord.errors import ConfigurationError
+from accord.errors import ConfigurationError, RankFailureError
 from accord.module import Module
 from accord.seed import seed_everything
 from accord.testing.multiprocess import run_distributed
@@ -35,7 +41,8 @@ StrategySpec = str | type[Strategy] | Callable[[], Strategy]
 """A strategy to check: a registered name (``"ddp"``), a `Strategy` subclass built with no
 arguments, or a function returning a new `Strategy` (called in every rank). Classes and
 functions must be importable (defined at a module's top level), since multi-rank runs
-start fresh processes."""
+start fresh processes (under an outside launcher such as horovodrun, the ranks import them
+from the caller's ``sys.path``)."""
 
 DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float64: (1e-9, 1e-12),
@@ -92,9 +99,10 @@ class _IndexedDataset(Dataset[Any]):
 class _Recorder(Callback):
     """Records each step's loss and samples on this rank, and saves the final state."""
 
-    def __init__(self, dataset: _IndexedDataset, checkpoint: Path) -> None:
+    def __init__(self, dataset: _IndexedDataset, root: Path, label: str) -> None:
         self.dataset = dataset
-        self.checkpoint = checkpoint
+        self.root = root
+        self.label = label
         self.losses: list[float] = []
         self.samples: list[list[int]] = []
 
@@ -111,7 +119,22 @@ class _Recorder(Callback):
         self.samples.append(self.dataset.take())
 
     def on_fit_end(self, trainer: Any, module: Any) -> None:
-        trainer.save_checkpoint(self.checkpoint)
+        trainer.save_checkpoint(_checkpoint(self.root, self.label))
+        # Each rank leaves what it saw in a file: ranks a launcher started (spawn, fork,
+        # horovodrun) return nothing to the kit.
+        record = {"losses": self.losses, "samples": self.samples}
+        path = _rank_file(self.root, self.label, trainer.global_rank)
+        partial = path.with_suffix(".partial")
+        partial.write_bytes(pickle.dumps(record))
+        partial.replace(path)
+
+
+def _checkpoint(root: Path, label: str) -> Path:
+    return root / f"{label}.ckpt"
+
+
+def _rank_file(root: Path, label: str, rank: int) -> Path:
+    return root / f"{label}.rank{rank}.pkl"
 
 
 def _label(spec: StrategySpec) -> str:
@@ -132,13 +155,67 @@ def _build(spec: StrategySpec) -> str | Strategy:
     return strategy
 
 
-def _processes(spec: StrategySpec, devices: int) -> int:
-    """Ranks the strategy trains on: 1 for the one-process strategies, else ``devices``."""
+_Launch = Literal["caller", "ranks", "launcher", "external"]
+
+
+def _launch(spec: StrategySpec, devices: int) -> tuple[_Launch, list[str] | None]:
+    """How a strategy's ranks start, and the outside launcher's command where one is needed.
+
+    ``"caller"``: one process, this one. ``"ranks"``: one process per rank, started by
+    `run_distributed` (the strategy then finds its ranks already running, as under torchrun).
+    ``"launcher"``: the strategy's own launcher starts the ranks (spawn, fork, ``xmp.spawn``),
+    so the Trainer runs in this process; started from `run_distributed`, each rank would
+    launch ranks of its own. ``"external"``: only an outside launcher (horovodrun) can start
+    them.
+    """
+    if isinstance(spec, str) and spec in _SINGLE_PROCESS:
+        return "caller", None
     if isinstance(spec, str):
-        return 1 if spec in _SINGLE_PROCESS else devices
-    if isinstance(spec, type):
-        return devices if issubclass(spec, ParallelStrategy) else 1
-    return devices if isinstance(_build(spec), ParallelStrategy) else 1
+        from accord.strategies.registry import StrategyRegistry
+
+        strategy = StrategyRegistry.get(spec).build()
+    elif isinstance(spec, type) and not issubclass(spec, ParallelStrategy):
+        return "caller", None
+    else:
+        strategy = _build(spec)  # type: ignore[assignment]
+    if not isinstance(strategy, ParallelStrategy):
+        return "caller", None
+    command = strategy.external_launch_command(devices)
+    if command is not None:
+        return "external", command
+    return ("launcher" if strategy.launches_own_processes else "ranks"), None
+
+
+def _fit(
+    spec: StrategySpec,
+    make_module: Callable[[], Module],
+    make_data: Callable[[], Any],
+    settings: dict[str, Any],
+    root: Path,
+    world_size: int,
+) -> None:
+    """One training under ``spec`` on ``world_size`` ranks; every rank leaves its record file."""
+    from accord.trainer.trainer import Trainer
+
+    seed_everything(settings["seed"])
+    module = make_module()
+    dataset = _IndexedDataset(make_data())
+    loader = DataLoader(dataset, batch_size=settings["batch_size"] // world_size, shuffle=False)
+    label = _label(spec)
+    trainer = Trainer(
+        strategy=_build(spec),
+        accelerator=settings["accelerator"],
+        devices=world_size,
+        precision=settings["precision"],
+        max_steps=settings["steps"],
+        callbacks=[_Recorder(dataset, root, label)],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        default_root_dir=root,
+        **settings["trainer_kwargs"],
+    )
+    trainer.fit(module, loader)
 
 
 def _train(
@@ -149,35 +226,72 @@ def _train(
     make_data: Callable[[], Any],
     settings: dict[str, Any],
     root: Path,
-) -> dict[str, Any]:
-    """One rank's training (rank 0 of a one-process strategy runs in the caller)."""
-    from accord.trainer.trainer import Trainer
+) -> None:
+    """One rank's training, in a process `run_distributed` started."""
+    _fit(spec, make_module, make_data, settings, root, world_size)
 
-    seed_everything(settings["seed"])
-    module = make_module()
-    dataset = _IndexedDataset(make_data())
-    loader = DataLoader(dataset, batch_size=settings["batch_size"] // world_size, shuffle=False)
-    checkpoint = root / f"{_label(spec)}.ckpt"
-    recorder = _Recorder(dataset, checkpoint)
-    trainer = Trainer(
-        strategy=_build(spec),
-        accelerator=settings["accelerator"],
-        devices=world_size,
-        precision=settings["precision"],
-        max_steps=settings["steps"],
-        callbacks=[recorder],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        default_root_dir=root,
-        **settings["trainer_kwargs"],
+
+def _run_external(
+    command: list[str], ranks: int, args: tuple[Any, ...], root: Path, timeout: float
+) -> None:
+    """Run `_fit` on ``ranks`` ranks under an outside launcher (``command``, horovodrun).
+
+    The arguments travel pickled in a file, after the caller's ``sys.path`` (so the ranks
+    import ``make_module`` and ``make_data`` from where the caller did); each rank runs
+    ``python -m accord.testing._agree_worker FILE``.
+    """
+    spec = args[0]
+    payload = root / f"{_label(spec)}.args.pkl"
+    with payload.open("wb") as f:
+        pickle.dump(list(sys.path), f)
+        pickle.dump((*args, ranks), f)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+        and not k.startswith(("HOROVOD_", "OMPI_", "PMI_"))
+    }
+    env["OMP_NUM_THREADS"] = "1"
+    argv = [*command, sys.executable, "-m", "accord.testing._agree_worker", str(payload)]
+    # Its own session, so a job that hangs is stopped with every rank the launcher started.
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
     )
-    trainer.fit(module, loader)
-    result: dict[str, Any] = {"losses": recorder.losses, "samples": recorder.samples}
-    if rank == 0:
-        state = read_checkpoint(checkpoint)["state_dict"]
-        result["weights"] = {k: v.detach().cpu().clone() for k, v in state.items()}
-    return result
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        raise RankFailureError(
+            f"{' '.join(argv)} did not finish within {timeout:.0f} s; it was stopped.\n"
+            f"{output[-4000:]}"
+        ) from None
+    if proc.returncode != 0:
+        raise RankFailureError(
+            f"{' '.join(argv)} failed with exit code {proc.returncode}:\n{output[-4000:]}"
+        )
+
+
+def _read_ranks(root: Path, label: str, ranks: int) -> list[dict[str, Any]]:
+    """Every rank's record file, rank 0's with the final weights of the checkpoint."""
+    results = []
+    for rank in range(ranks):
+        path = _rank_file(root, label, rank)
+        if not path.exists():
+            raise RankFailureError(
+                f"{label}: rank {rank} finished without leaving its record ({path.name}); "
+                f"the run trained on fewer than {ranks} ranks."
+            )
+        results.append(pickle.loads(path.read_bytes()))
+    state = read_checkpoint(_checkpoint(root, label))["state_dict"]
+    results[0]["weights"] = {k: v.detach().cpu().clone() for k, v in state.items()}
+    return results
 
 
 def _record(label: str, ranks: list[dict[str, Any]]) -> TrainingRecord:
@@ -288,7 +402,12 @@ def assert_strategies_agree(
     with ``make_data()``, and takes ``steps`` optimizer steps on unshuffled global batches
     of ``batch_size`` samples (``batch_size / ranks`` per rank). One-process strategies
     (``"single_device"``, ``"dp"``) run in this process; the others run on ``devices``
-    real processes (`run_distributed`). Then, against the ``"single_device"`` run:
+    real processes, started as the strategy's ranks must be: by `run_distributed`
+    (``"ddp"``, ``"fsdp"``, DeepSpeed), by the strategy's own launcher from this process
+    when `ParallelStrategy.launches_own_processes` (``"ddp_spawn"``, ``"ddp_fork"``),
+    or under the command of `ParallelStrategy.external_launch_command`, which runs ``python -m accord.testing._agree_worker``
+    with the arguments pickled in a file. Each rank leaves its record in a file. Then,
+    against the ``"single_device"`` run:
 
     - each step's global batch must hold the same dataset indices;
     - each step's loss (averaged over the ranks) must agree;
@@ -311,7 +430,8 @@ def assert_strategies_agree(
         tolerances: ``{dtype: (rtol, atol)}`` replacing entries of `DEFAULT_TOLERANCES`.
         trainer_kwargs: further `Trainer` arguments for every run
             (``gradient_clip_val``, say).
-        timeout: seconds each multi-rank run may take before its ranks are stopped.
+        timeout: seconds each multi-rank run may take before its ranks are stopped (runs
+            whose own launcher starts the ranks in this process are not timed).
 
     Returns:
         The `TrainingRecord` of every run, by label (``"single_device"`` included).
@@ -319,6 +439,7 @@ def assert_strategies_agree(
     Raises:
         AssertionError: a strategy does not agree; the message names the strategy, the
             first step whose loss differs and the first parameter that differs.
+        RankFailureError: a rank failed, or an outside launcher's job failed or timed out.
         ConfigurationError: settings that cannot give every rank the same batches.
     """
     if steps < 1:
@@ -352,13 +473,17 @@ def assert_strategies_agree(
         records: dict[str, TrainingRecord] = {}
         for spec in ["single_device", *[s for s in strategies if s != "single_device"]]:
             label = _label(spec)
-            ranks = _processes(spec, devices)
+            launch, command = _launch(spec, devices)
+            ranks = 1 if launch == "caller" else devices
             args = (spec, make_module, make_data, settings, root)
-            if ranks == 1:
-                results = [_train(0, 1, *args)]
+            if launch in ("caller", "launcher"):
+                _fit(*args, ranks)
+            elif launch == "ranks":
+                run_distributed(_train, ranks, *args, timeout=timeout)
             else:
-                results = run_distributed(_train, ranks, *args, timeout=timeout)
-            records[label] = _record(label, results)
+                assert command is not None
+                _run_external(command, ranks, args, root, timeout)
+            records[label] = _record(label, _read_ranks(root, label, ranks))
             if label != "single_device":
                 _compare(records["single_device"], records[label], precision, limits)
         return records
