@@ -31,6 +31,7 @@ from models import LinearModel, flat_weights, loader
 import accord
 from accord.engines.horovod.strategy import HorovodStrategy
 from accord.errors import ConfigurationError
+from accord.testing import assert_strategies_agree
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -184,6 +185,44 @@ def test_fits_under_horovodrun_match_one_device_and_agree(tmp_path: Path) -> Non
             torch.testing.assert_close(run["weights"], results[0][name]["weights"], rtol=0, atol=0)
             assert run["train_loss"] == results[0][name]["train_loss"]
         torch.testing.assert_close(results[0][name]["weights"], reference, rtol=RTOL, atol=ATOL)
+
+
+class AgreeNet(accord.Module):
+    """Two layers and SGD with momentum, for `assert_strategies_agree` (importable by ranks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1)
+        )
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x).squeeze(-1), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+
+def agree_data() -> torch.utils.data.TensorDataset:
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(32, 6, generator=generator)
+    return torch.utils.data.TensorDataset(x, x.sum(-1) + 0.1 * torch.randn(32, generator=generator))
+
+
+def test_horovod_agrees_with_one_device_through_the_equivalence_kit() -> None:
+    # The kit runs its worker under `horovodrun --gloo -np 2` (HorovodStrategy's
+    # external_launch_command), with AgreeNet and agree_data pickled by reference.
+    records = assert_strategies_agree(AgreeNet, agree_data, ["horovod"], steps=3, timeout=TIMEOUT)
+    assert list(records) == ["single_device", "horovod"]
+    assert records["horovod"].samples == [list(range(8 * k, 8 * k + 8)) for k in range(3)]
+
+
+def test_horovod_is_started_by_horovodrun() -> None:
+    command = HorovodStrategy().external_launch_command(3)
+    assert command is not None
+    assert Path(command[0]).name == "horovodrun"
+    assert command[1:] == ["--gloo", "-np", "3", "-H", "localhost:3"]
 
 
 def test_true_and_mixed_precisions_train_a_float32_dataset_and_the_ranks_agree(

@@ -125,16 +125,16 @@ class TorchrunDDP(DDPStrategy):
 
 
 def test_each_strategy_starts_its_ranks_the_way_it_must() -> None:
-    assert _launch("single_device", 2) == ("caller", None)
-    assert _launch("dp", 2) == ("caller", None)
+    assert _launch("single_device", 2) == ("caller", 1, None)
+    assert _launch("dp", 2) == ("caller", 1, None)
     # Ranks that find themselves already started: run_distributed starts them.
-    assert _launch("ddp", 2) == ("ranks", None)
-    assert _launch("fsdp", 2) == ("ranks", None)
+    assert _launch("ddp", 2) == ("ranks", 2, None)
+    assert _launch("fsdp", 2) == ("ranks", 2, None)
     # Their own launcher would start ranks again inside run_distributed's: run in the caller.
-    assert _launch("ddp_spawn", 2) == ("launcher", None)
-    assert _launch("ddp_fork", 2) == ("launcher", None)
-    launch, command = _launch(TorchrunDDP, 2)
-    assert launch == "external"
+    assert _launch("ddp_spawn", 2) == ("launcher", 2, None)
+    assert _launch("ddp_fork", 2) == ("launcher", 2, None)
+    launch, ranks, command = _launch(TorchrunDDP, 2)
+    assert (launch, ranks) == ("external", 2)
     assert command is not None and "--nproc-per-node=2" in command
 
 

@@ -77,6 +77,17 @@ class Strategy(StrategyCheckpointing):
         self._collective: Collective | None = None
         self._launcher: Launcher | None = None
 
+    @property
+    def needs_own_process(self) -> bool:
+        """Whether this strategy's training must run in a process that did nothing else.
+
+        False by default. The XLA strategies say True: torch_xla's runtime, once started in
+        a process, stays there (and no ranks can be launched from it), and a process whose
+        autograd engine already ran on the CPU cannot run backward on an XLA device.
+        `accord.testing.assert_strategies_agree` runs such a strategy in a fresh process.
+        """
+        return False
+
     # ------------------------------------------------------------- the collective
     @abstractmethod
     def default_collective(self) -> Collective:

@@ -158,32 +158,34 @@ def _build(spec: StrategySpec) -> str | Strategy:
 _Launch = Literal["caller", "ranks", "launcher", "external"]
 
 
-def _launch(spec: StrategySpec, devices: int) -> tuple[_Launch, list[str] | None]:
-    """How a strategy's ranks start, and the outside launcher's command where one is needed.
+def _launch(spec: StrategySpec, devices: int) -> tuple[_Launch, int, list[str] | None]:
+    """How a strategy's ranks start, how many, and the outside launcher's command if needed.
 
     ``"caller"``: one process, this one. ``"ranks"``: one process per rank, started by
-    `run_distributed` (the strategy then finds its ranks already running, as under torchrun).
-    ``"launcher"``: the strategy's own launcher starts the ranks (spawn, fork, ``xmp.spawn``),
-    so the Trainer runs in this process; started from `run_distributed`, each rank would
-    launch ranks of its own. ``"external"``: only an outside launcher (horovodrun) can start
-    them.
+    `run_distributed` (the strategy then finds its ranks already running, as under
+    torchrun); also a one-process strategy that `Strategy.needs_own_process`, in one fresh
+    process. ``"launcher"``: the strategy's own launcher starts the ranks (spawn, fork,
+    ``xmp.spawn``), so the Trainer runs in this process; started from `run_distributed`,
+    each rank would launch ranks of its own. ``"external"``: only an outside launcher
+    (horovodrun) can start them.
     """
     if isinstance(spec, str) and spec in _SINGLE_PROCESS:
-        return "caller", None
+        return "caller", 1, None
     if isinstance(spec, str):
         from accord.strategies.registry import StrategyRegistry
 
         strategy = StrategyRegistry.get(spec).build()
-    elif isinstance(spec, type) and not issubclass(spec, ParallelStrategy):
-        return "caller", None
     else:
-        strategy = _build(spec)  # type: ignore[assignment]
+        built = _build(spec)
+        assert isinstance(built, Strategy)
+        strategy = built
     if not isinstance(strategy, ParallelStrategy):
-        return "caller", None
+        # A one-process strategy that must not share this process (single_xla) gets its own.
+        return ("ranks" if strategy.needs_own_process else "caller"), 1, None
     command = strategy.external_launch_command(devices)
     if command is not None:
-        return "external", command
-    return ("launcher" if strategy.launches_own_processes else "ranks"), None
+        return "external", devices, command
+    return ("launcher" if strategy.launches_own_processes else "ranks"), devices, None
 
 
 def _fit(
@@ -405,7 +407,8 @@ def assert_strategies_agree(
     real processes, started as the strategy's ranks must be: by `run_distributed`
     (``"ddp"``, ``"fsdp"``, DeepSpeed), by the strategy's own launcher from this process
     when `ParallelStrategy.launches_own_processes` (``"ddp_spawn"``, ``"ddp_fork"``),
-    or under the command of `ParallelStrategy.external_launch_command`, which runs ``python -m accord.testing._agree_worker``
+    or under the command of `ParallelStrategy.external_launch_command` (``"horovod"``:
+    ``horovodrun``), which runs ``python -m accord.testing._agree_worker``
     with the arguments pickled in a file. Each rank leaves its record in a file. Then,
     against the ``"single_device"`` run:
 
@@ -473,8 +476,7 @@ def assert_strategies_agree(
         records: dict[str, TrainingRecord] = {}
         for spec in ["single_device", *[s for s in strategies if s != "single_device"]]:
             label = _label(spec)
-            launch, command = _launch(spec, devices)
-            ranks = 1 if launch == "caller" else devices
+            launch, ranks, command = _launch(spec, devices)
             args = (spec, make_module, make_data, settings, root)
             if launch in ("caller", "launcher"):
                 _fit(*args, ranks)

@@ -39,6 +39,9 @@ How a run maps onto Horovod:
 from __future__ import annotations
 
 import contextlib
+import shutil
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -132,6 +135,23 @@ class HorovodStrategy(ParallelStrategy):
         self._window_ends = True
         self._last_batch = False
         self._steps_this_epoch = 0
+
+    @override
+    def external_launch_command(self, num_processes: int) -> list[str] | None:
+        """``horovodrun --gloo -np N -H localhost:N``: Horovod's ranks are started by it.
+
+        The ``horovodrun`` beside this Python interpreter is preferred, then the one on
+        ``PATH``.
+        """
+        beside = Path(sys.executable).with_name("horovodrun")
+        found = str(beside) if beside.exists() else shutil.which("horovodrun")
+        if found is None:
+            raise ConfigurationError(
+                "Horovod's ranks are started by horovodrun, which is neither beside "
+                f"{sys.executable} nor on PATH; install horovod with its launcher."
+            )
+        n = str(num_processes)
+        return [found, "--gloo", "-np", n, "-H", f"localhost:{n}"]
 
     @override
     def default_collective(self) -> Collective:
