@@ -31,7 +31,7 @@ from accord.engines.xla.launcher import XLALauncher
 from accord.engines.xla.strategy import SingleDeviceXLAStrategy, XLAStrategy
 from accord.errors import ConfigurationError, RankFailureError
 from accord.strategies import StrategyRegistry
-from accord.testing import run_checks_in_this_process
+from accord.testing import assert_strategies_agree, run_checks_in_this_process
 
 del CountingCollective  # the torch.distributed one; XLA ranks count with their own below
 
@@ -454,3 +454,51 @@ def test_a_failing_rank_is_reported_by_rank() -> None:
 def test_names_are_registered() -> None:
     assert StrategyRegistry.get("xla").strategy_cls is XLAStrategy
     assert StrategyRegistry.get("single_xla").strategy_cls is SingleDeviceXLAStrategy
+
+
+# ------------------------------------------------------------------ assert_strategies_agree
+class AgreeNet(accord.Module):
+    """Two layers and plain SGD, for `assert_strategies_agree` (importable by the ranks).
+
+    Plain SGD: with an optimizer that keeps state (SGD with momentum, Adam), "xla" at two
+    devices of the CPU runtime with gradient_sync="native" stops in XLA's all-reduce
+    rendezvous from the second or third step on ("Expected 2 threads to join the
+    rendezvous", then the process pool dies); gradient_sync="collective" trains it.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1)
+        )
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x).squeeze(-1), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def agree_data() -> torch.utils.data.TensorDataset:
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(32, 6, generator=generator)
+    return torch.utils.data.TensorDataset(x, x.sum(-1) + 0.1 * torch.randn(32, generator=generator))
+
+
+def xla_collective_sync() -> XLAStrategy:
+    """The "xla" strategy, its gradients sent through its collective's all_reduce."""
+    return XLAStrategy(gradient_sync="collective")
+
+
+def test_xla_strategies_agree_with_one_device() -> None:
+    # "xla" runs its launcher (xmp.spawn, two devices of the CPU runtime) from this process;
+    # "single_xla" needs a process of its own (Strategy.needs_own_process), which the kit
+    # starts, so the runtime never starts here. accelerator="auto" lets the XLA strategies
+    # bring their own accelerator while single_device trains on the CPU. float32 on XLA's
+    # CPU runtime agrees within the default tolerances (its losses differ from the CPU's
+    # by about 1e-7, relative), so none are loosened.
+    strategies = ["xla", "single_xla", xla_collective_sync]
+    records = assert_strategies_agree(AgreeNet, agree_data, strategies, steps=4, accelerator="auto")
+    assert list(records) == ["single_device", "xla", "single_xla", "xla_collective_sync"]
+    assert records["xla"].samples == [list(range(8 * k, 8 * k + 8)) for k in range(4)]

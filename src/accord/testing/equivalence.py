@@ -406,10 +406,13 @@ def assert_strategies_agree(
     (``"single_device"``, ``"dp"``) run in this process; the others run on ``devices``
     real processes, started as the strategy's ranks must be: by `run_distributed`
     (``"ddp"``, ``"fsdp"``, DeepSpeed), by the strategy's own launcher from this process
-    when `ParallelStrategy.launches_own_processes` (``"ddp_spawn"``, ``"ddp_fork"``),
+    when `ParallelStrategy.launches_own_processes` (``"ddp_spawn"``, ``"ddp_fork"``,
+    ``"xla"``),
     or under the command of `ParallelStrategy.external_launch_command` (``"horovod"``:
     ``horovodrun``), which runs ``python -m accord.testing._agree_worker``
-    with the arguments pickled in a file. Each rank leaves its record in a file. Then,
+    with the arguments pickled in a file. A one-process strategy that
+    `Strategy.needs_own_process` (``"single_xla"``) runs in one fresh process. Each rank
+    leaves its record in a file. Then,
     against the ``"single_device"`` run:
 
     - each step's global batch must hold the same dataset indices;
@@ -427,7 +430,8 @@ def assert_strategies_agree(
         steps: optimizer steps per run.
         batch_size: the global batch size; a multiple of ``devices``.
         devices: ranks of each multi-rank strategy.
-        accelerator: the Trainer's ``accelerator``.
+        accelerator: the Trainer's ``accelerator``; ``"auto"`` with strategies that bring
+            their own (the XLA ones), which refuse any other.
         precision: the Trainer's ``precision``, the same for every run.
         seed: the seed of every run.
         tolerances: ``{dtype: (rtol, atol)}`` replacing entries of `DEFAULT_TOLERANCES`.

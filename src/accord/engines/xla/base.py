@@ -43,6 +43,12 @@ class XLAStrategyBase(Strategy):
     gradient_sync: GradientSync = "native"
     _reduced: set[int]  # ids of the optimizers whose gradients this step has averaged
 
+    @property
+    @override
+    def needs_own_process(self) -> bool:
+        """True: torch_xla's runtime stays in the process that starts it (see `Strategy`)."""
+        return True
+
     def _xla_device(self) -> torch.device:
         import torch_xla
 

@@ -119,6 +119,12 @@ class XLAStrategy(XLAStrategyBase, ParallelStrategy):
         # Before the run: the first configured device (the runtime is not started yet).
         return self.parallel_devices[0] if self.parallel_devices else torch.device("xla", 0)
 
+    @property
+    @override
+    def launches_own_processes(self) -> bool:
+        """True: `XLALauncher` (``xmp.spawn``) starts the ranks from the calling process."""
+        return True
+
     @override
     def configure_launcher(self) -> None:
         env = self.cluster_environment
