@@ -218,3 +218,52 @@ def test_callback_state_round_trip(tmp_path: Path) -> None:
     assert second.loaded == {"batches": 8}
     assert second.batches == 12
     assert resumed_timer.time_elapsed() >= saved["Timer"]["time_elapsed"]
+
+
+class _HookOrder(Callback):
+    """Records the fit's outer hooks, the callback's and the module's, in call order."""
+
+    def __init__(self, calls: list[str]) -> None:
+        self.calls = calls
+
+    def on_fit_start(self, trainer: accord.Trainer, module: Any) -> None:
+        self.calls.append("callback.on_fit_start")
+
+    def on_train_start(self, trainer: accord.Trainer, module: Any) -> None:
+        self.calls.append(f"callback.on_train_start@{trainer.global_step}")
+
+    def on_train_epoch_start(self, trainer: accord.Trainer, module: Any) -> None:
+        self.calls.append("callback.on_train_epoch_start")
+
+    def on_train_end(self, trainer: accord.Trainer, module: Any) -> None:
+        self.calls.append(f"callback.on_train_end@{trainer.global_step}")
+
+    def on_fit_end(self, trainer: accord.Trainer, module: Any) -> None:
+        self.calls.append("callback.on_fit_end")
+
+
+class _OrderModel(LinearModel):
+    def __init__(self, calls: list[str]) -> None:
+        super().__init__()
+        self.calls = calls
+
+    def on_train_start(self) -> None:
+        self.calls.append("module.on_train_start")
+
+    def on_train_end(self) -> None:
+        self.calls.append("module.on_train_end")
+
+
+def test_train_start_and_end_reach_callbacks_before_the_module(tmp_path: Path) -> None:
+    calls: list[str] = []
+    trainer = _trainer(tmp_path, [_HookOrder(calls)], max_epochs=1)
+    trainer.fit(_OrderModel(calls), loader(batch_size=16))
+    assert calls == [
+        "callback.on_fit_start",
+        "callback.on_train_start@0",
+        "module.on_train_start",
+        "callback.on_train_epoch_start",
+        "callback.on_train_end@4",
+        "module.on_train_end",
+        "callback.on_fit_end",
+    ]

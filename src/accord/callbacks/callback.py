@@ -31,6 +31,12 @@ class Callback:
     def on_fit_end(self, trainer: Trainer, module: Module) -> None:
         """Fit ended."""
 
+    def on_train_start(self, trainer: Trainer, module: Module) -> None:
+        """Training begins: after `on_fit_start` and any restore, before the first epoch."""
+
+    def on_train_end(self, trainer: Trainer, module: Module) -> None:
+        """Training ended (the last epoch, or a stop), before `on_fit_end`."""
+
     def on_train_epoch_start(self, trainer: Trainer, module: Module) -> None:
         """A training epoch begins."""
 

@@ -15,6 +15,7 @@ interface as torch's store does, and gloo listens on the loopback interface
 
 from __future__ import annotations
 
+import atexit
 import ipaddress
 import os
 import socket
@@ -123,6 +124,17 @@ def _gloo_on_loopback() -> None:
 
 
 _STORES: dict[tuple[str, int], tuple[Any, int]] = {}
+
+
+@atexit.register
+def _close_stores() -> None:
+    """Release the stores while the interpreter still runs.
+
+    A store left to the interpreter's final teardown is destroyed in no fixed order with
+    the objects it depends on, and now and then aborts the process ("terminate called
+    without an active exception") after a run that succeeded.
+    """
+    _STORES.clear()
 
 
 def _rendezvous_store(address: str, port: int, host: bool, timeout: timedelta) -> tuple[Any, int]:

@@ -89,6 +89,7 @@ class FitLoop:
         trainer, state = self.trainer, self.state
         call_callbacks(trainer, "on_fit_start")
         model.on_fit_start()
+        call_callbacks(trainer, "on_train_start")
         model.on_train_start()
         while not self._done():
             set_epoch(train_loader, trainer.current_epoch)
@@ -112,6 +113,7 @@ class FitLoop:
             state.batches_done = 0
             if trainer.should_stop:
                 break
+        call_callbacks(trainer, "on_train_end")
         model.on_train_end()
         call_callbacks(trainer, "on_fit_end")
         model.on_fit_end()
