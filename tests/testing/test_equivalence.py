@@ -12,7 +12,7 @@ from torch.utils.data import TensorDataset
 
 import accord
 from accord.collectives import ReduceOpLike, TorchCollective
-from accord.errors import ConfigurationError
+from accord.errors import ConfigurationError, RankFailureError
 from accord.strategies import DDPStrategy
 from accord.testing import DEFAULT_TOLERANCES, assert_strategies_agree
 from accord.testing.equivalence import _launch
@@ -142,3 +142,25 @@ def test_a_strategy_started_by_an_outside_launcher_agrees_with_one_device() -> N
     # The kit runs accord.testing._agree_worker under the launcher, the arguments pickled.
     records = assert_strategies_agree(Net, make_data, [TorchrunDDP], steps=2)
     assert records["TorchrunDDP"].samples == records["single_device"].samples
+
+
+class LauncherFails(DDPStrategy):
+    """A strategy whose outside launcher exits with code 3 before any rank starts."""
+
+    def external_launch_command(self, num_processes: int) -> list[str] | None:
+        return [sys.executable, "-c", "print('no ranks today'); raise SystemExit(3)"]
+
+
+class LauncherHangs(DDPStrategy):
+    """A strategy whose outside launcher never finishes."""
+
+    def external_launch_command(self, num_processes: int) -> list[str] | None:
+        return [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+def test_an_outside_launcher_that_fails_or_hangs_is_reported() -> None:
+    with pytest.raises(RankFailureError, match="failed with exit code 3:") as err:
+        assert_strategies_agree(Net, make_data, [LauncherFails], steps=1)
+    assert "no ranks today" in str(err.value)  # the launcher's output comes with it
+    with pytest.raises(RankFailureError, match="did not finish within 2 s; it was stopped"):
+        assert_strategies_agree(Net, make_data, [LauncherHangs], steps=1, timeout=2)
