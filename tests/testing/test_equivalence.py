@@ -103,6 +103,17 @@ def test_ddp_spawn_and_ddp_fork_agree_with_one_device() -> None:
     assert records["ddp_fork"].samples == [list(range(8)), list(range(8, 16))]
 
 
+def test_the_other_registered_ddp_and_fsdp_variants_agree_with_one_device() -> None:
+    names = [
+        "ddp_find_unused_parameters_true",
+        "ddp_spawn_find_unused_parameters_true",
+        "ddp_notebook",
+        "fsdp_cpu_offload",
+    ]
+    records = assert_strategies_agree(Net, make_data, names, steps=2)
+    assert list(records) == ["single_device", *names]
+
+
 def test_deepspeed_stages_1_and_3_agree_with_one_device() -> None:
     pytest.importorskip("deepspeed", reason="needs deepspeed: pip install 'accord[deepspeed]'")
     assert_strategies_agree(
