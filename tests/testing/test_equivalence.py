@@ -121,6 +121,13 @@ def test_deepspeed_stages_1_and_3_agree_with_one_device() -> None:
     )
 
 
+def test_deepspeed_and_its_offload_variants_agree_with_one_device() -> None:
+    pytest.importorskip("deepspeed", reason="needs deepspeed: pip install 'accord[deepspeed]'")
+    names = ["deepspeed", "deepspeed_stage_2_offload", "deepspeed_stage_3_offload"]
+    records = assert_strategies_agree(Net, make_data, names, steps=2, timeout=400)
+    assert list(records) == ["single_device", *names]
+
+
 class TorchrunDDP(DDPStrategy):
     """A DDP whose ranks an outside launcher (torchrun) must start, as horovodrun does Horovod's."""
 
