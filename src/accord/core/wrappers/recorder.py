@@ -20,29 +20,35 @@ no recorder layer at all.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import pickle
 import statistics
-import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
-from types import CodeType, FrameType
 from typing import Any, TypeVar
 
 import torch
 from typing_extensions import override
 
 from accord.core.collective import Collective
-from accord.core.wrappers.wrapper import CallSite, CollectiveWrapper, OpCall
-from accord.errors import (
-    CollectiveError,
-    CollectiveMismatchError,
-    CollectiveTimeoutError,
-    ConfigurationError,
+from accord.core.wrappers.call_record import CallRecord, _call_site, _state_of
+from accord.core.wrappers.trace_files import (
+    _DUMP_VERSION,
+    CAPACITY_ENV_VAR,
+    DEFAULT_CAPACITY,
+    DEFAULT_TRACE_DIR,
+    DUMP_FORMAT,
+    TRACE_DIR_ENV_VAR,
+    _capacity_from_env,
+    _write_json,
+    dump_path,
+    merge_timeline,
+    trace_dir,
 )
+from accord.core.wrappers.wrapper import CallSite, CollectiveWrapper, OpCall
+from accord.errors import CollectiveError, ConfigurationError
 
 __all__ = [
     "CAPACITY_ENV_VAR",
@@ -62,135 +68,7 @@ __all__ = [
 _T = TypeVar("_T")
 _E = TypeVar("_E", bound=BaseException)
 
-TRACE_DIR_ENV_VAR = "ACCORD_TRACE_DIR"
-"""Directory the per-rank dumps go to; setting it also turns recording on."""
-
-CAPACITY_ENV_VAR = "ACCORD_TRACE_CAPACITY"
-"""How many calls each rank keeps for a dump (the ring buffer's size)."""
-
-DEFAULT_CAPACITY = 512
-"""Calls kept per rank when ``ACCORD_TRACE_CAPACITY`` is not set."""
-
-DEFAULT_TRACE_DIR = "accord_traces"
-"""Where dumps go (relative to the working directory) when no directory was chosen."""
-
-DUMP_FORMAT = "accord-collective-calls"
-"""The ``format`` field of a per-rank dump file."""
-
-_DUMP_VERSION = 1
 _CLOCK_ROUNDS = 5
-
-
-_DTYPE_NAMES: dict[torch.dtype, str] = {}
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
-    return name
-
-
-class CallRecord:
-    """One collective call on one rank.
-
-    Attributes:
-        seq: the call's number among this rank's group operations (1, 2, ...); equal on
-            every rank for the same call. ``None`` for ``send``/``recv``.
-        op: the operation's name.
-        shape: the tensor's shape (None for barrier and object ops).
-        dtype: the tensor's dtype, as text (None without a tensor).
-        nbytes: bytes handed in (0 without a tensor).
-        arg: the reduce op, ``src`` or ``dst`` as text (None where the op has none).
-        label: the barrier's name.
-        start: ``time.perf_counter()`` when the call began.
-        end: when it returned or raised (None while it runs).
-        site: the first frame outside accord (the user's line).
-        via: the accord frame that made the call on the user's behalf, if any.
-        step: the training step, when a step source was given.
-        state: ``"running"``, ``"ok"``, ``"failed"``, or what ended the run
-            (``"timeout"``, ``"abandoned"``, ``"mismatch"``).
-    """
-
-    __slots__ = (
-        "arg",
-        "dtype",
-        "end",
-        "label",
-        "nbytes",
-        "op",
-        "seq",
-        "shape",
-        "site",
-        "start",
-        "state",
-        "step",
-        "via",
-    )
-
-    def __init__(
-        self,
-        seq: int | None,
-        call: OpCall,
-        site: CallSite,
-        via: CallSite | None,
-        step: int | None,
-        start: float,
-    ) -> None:
-        self.seq = seq
-        self.op = call.op
-        tensor = call.tensor
-        if isinstance(tensor, torch.Tensor):
-            self.shape: tuple[int, ...] | None = tuple(tensor.shape)
-            self.dtype: str | None = _DTYPE_NAMES.get(tensor.dtype) or _dtype_name(tensor.dtype)
-            self.nbytes = tensor.numel() * tensor.element_size()
-        else:
-            self.shape = self.dtype = None
-            self.nbytes = 0
-        argument = call.reduce_op if call.reduce_op is not None else call.root
-        self.arg = None if argument is None else str(getattr(argument, "value", argument))
-        self.label = call.label
-        self.site = site
-        self.via = via
-        self.step = step
-        self.start = start
-        self.end: float | None = None
-        self.state = "running"
-
-    def as_dict(self, offset: float = 0.0) -> dict[str, Any]:
-        """The record as JSON-ready values; ``offset`` is subtracted from the times."""
-        return {
-            "seq": self.seq,
-            "op": self.op,
-            "shape": None if self.shape is None else list(self.shape),
-            "dtype": self.dtype,
-            "bytes": self.nbytes,
-            "arg": self.arg,
-            "label": self.label,
-            "start": self.start - offset,
-            "end": None if self.end is None else self.end - offset,
-            "site": str(self.site),
-            "via": None if self.via is None else str(self.via),
-            "step": self.step,
-            "state": self.state,
-        }
-
-    def __repr__(self) -> str:
-        return f"CallRecord(#{self.seq} {self.op} {self.state} at {self.site})"
-
-
-def _capacity_from_env() -> int:
-    raw = os.environ.get(CAPACITY_ENV_VAR, "").strip()
-    if not raw:
-        return DEFAULT_CAPACITY
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ConfigurationError(
-            f"{CAPACITY_ENV_VAR}={raw!r} is not a positive number of calls; use e.g. "
-            f"{DEFAULT_CAPACITY}."
-        )
-    return value
 
 
 class RecordingCollective(CollectiveWrapper):
@@ -421,91 +299,14 @@ class RecordingCollective(CollectiveWrapper):
         return gathered
 
 
-# Frames that only pass a call along: never named as the accord line that made it.
-_PLUMBING = ("accord.core.wrappers", "accord.core.collective", "accord.core.buffers",
-             "accord.core.objects", "accord.core.strategy", "accord.collectives")  # fmt: skip
-_UNKNOWN = CallSite("<unknown>", 0, "<unknown>")
-
-
-_OUTSIDE, _PASSING, _ACCORD = 0, 1, 2
-# What each code object on a call's way is: looked up once per function, not per call.
-_KINDS: dict[CodeType, int] = {}
-
-
-def _kind(frame: FrameType) -> int:
-    module = frame.f_globals.get("__name__", "")
-    if not isinstance(module, str):
-        module = ""
-    own = module == "accord" or module.startswith("accord.")
-    if not own or module.startswith("accord.testing"):
-        kind = _OUTSIDE
-    else:
-        kind = _PASSING if module.startswith(_PLUMBING) else _ACCORD
-    _KINDS[frame.f_code] = kind
-    return kind
-
-
-def _call_site() -> tuple[CallSite, CallSite | None]:
-    """The first frame outside accord (accord.testing counts as outside), and the
-    innermost accord frame on the way that is not collective plumbing (or None)."""
-    frame: FrameType | None = sys._getframe(2)
-    via: CallSite | None = None
-    kinds = _KINDS
-    while frame is not None:
-        kind = kinds.get(frame.f_code)
-        if kind is None:
-            kind = _kind(frame)
-        if kind == _OUTSIDE:
-            return CallSite(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name), via
-        if via is None and kind == _ACCORD:
-            via = CallSite(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
-        frame = frame.f_back
-    return via or _UNKNOWN, None
-
-
 def _tensor_bytes(tensor: torch.Tensor) -> bytes:
     """The bytes of a contiguous CPU uint8 tensor, copied in one call (not byte by byte)."""
     return ctypes.string_at(tensor.data_ptr(), tensor.numel())
 
 
-def _state_of(error: BaseException, rank: int) -> str:
-    if isinstance(error, CollectiveTimeoutError):
-        return "abandoned" if rank in error.missing_ranks else "timeout"
-    if isinstance(error, CollectiveMismatchError):
-        return "mismatch"
-    return "failed"
-
-
 def _append(error: BaseException, text: str) -> None:
     first = error.args[0] if error.args else ""
     error.args = (f"{first}\n{text}", *error.args[1:])
-
-
-def _write_json(path: Path, payload: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with temporary.open("w", encoding="utf-8") as stream:
-        json.dump(payload, stream)
-        stream.flush()
-        os.fsync(stream.fileno())
-    temporary.replace(path)
-
-
-def trace_dir(directory: str | Path | None = None) -> Path:
-    """Where dumps go: ``ACCORD_TRACE_DIR``, else ``directory`` (the Trainer passes the
-    run's log directory, or `DEFAULT_TRACE_DIR` under ``default_root_dir`` without a
-    logger), else `DEFAULT_TRACE_DIR` under the working directory."""
-    chosen = os.environ.get(TRACE_DIR_ENV_VAR, "").strip()
-    if chosen:
-        return Path(chosen)
-    if directory is not None:
-        return Path(directory)
-    return Path.cwd() / DEFAULT_TRACE_DIR
-
-
-def dump_path(directory: str | Path, rank: int) -> Path:
-    """The file rank ``rank`` dumps its calls to in ``directory``."""
-    return Path(directory) / f"collectives-rank{rank}.json"
 
 
 def find_recorder(collective: Collective) -> RecordingCollective | None:
@@ -533,64 +334,3 @@ def leave_trace(
         recorder.record_failure(call, error, site)
         recorder.dump_on_error(error)
     return error
-
-
-def merge_timeline(gathered: Iterable[dict[str, Any]], path: str | Path) -> Path:
-    """Write `RecordingCollective.gather_records`' result as one Chrome trace JSON file.
-
-    A process (``pid``) and thread (``tid``) per rank, named ``rank N``; a complete event
-    (``ph: "X"``) per call, its arguments (sequence number, step, shape, dtype, bytes,
-    call site) under ``args``. Times are microseconds from the first call. Open the file
-    in https://ui.perfetto.dev or ``chrome://tracing``. Written atomically.
-    """
-    entries = list(gathered)
-    starts = [call["start"] for entry in entries for call in entry["calls"]]
-    origin = min(starts) if starts else 0.0
-    events: list[dict[str, Any]] = []
-    for entry in entries:
-        rank = int(entry["rank"])
-        events.append(
-            {"name": "process_name", "ph": "M", "pid": rank, "tid": rank,
-             "args": {"name": f"rank {rank}"}}
-        )  # fmt: skip
-        events.append(
-            {"name": "process_sort_index", "ph": "M", "pid": rank, "tid": rank,
-             "args": {"sort_index": rank}}
-        )  # fmt: skip
-        events.append(
-            {"name": "thread_name", "ph": "M", "pid": rank, "tid": rank,
-             "args": {"name": f"rank {rank} collectives"}}
-        )  # fmt: skip
-        for call in entry["calls"]:
-            end = call["end"] if call["end"] is not None else call["start"]
-            name = call["op"] if not call["label"] else f"{call['op']} {call['label']}"
-            args = {key: call[key] for key in _TRACE_ARGS}
-            args["rank"] = rank
-            events.append(
-                {
-                    "name": name,
-                    "cat": "collective",
-                    "ph": "X",
-                    "pid": rank,
-                    "tid": rank,
-                    "ts": (call["start"] - origin) * 1e6,
-                    "dur": max(end - call["start"], 0.0) * 1e6,
-                    "args": args,
-                }
-            )
-    trace = {
-        "traceEvents": events,
-        "displayTimeUnit": "ms",
-        "otherData": {
-            "format": "accord collective timeline",
-            "clock_offsets_s": {str(e["rank"]): e["offset"] for e in entries},
-            "dropped_calls": {str(e["rank"]): e["dropped"] for e in entries},
-        },
-    }
-    target = Path(path)
-    _write_json(target, trace)
-    return target
-
-
-_TRACE_ARGS = ("seq", "step", "op", "shape", "dtype", "bytes", "arg", "label", "site", "via",
-               "state", "start", "end")  # fmt: skip
