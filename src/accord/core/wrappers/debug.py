@@ -22,20 +22,30 @@ collective through `accord.core.wrappers.policy.maybe_debug`), or wrap a collect
 from __future__ import annotations
 
 import array
-import hashlib
-import os
 import pickle
-import struct
-import sys
-import zlib
-from collections.abc import Callable, Sequence
-from types import FrameType
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
 from typing_extensions import Self, override
 
 from accord.core.collective import Collective, ReduceOp
+from accord.core.wrappers.debug_fingerprint import (
+    _DEFAULT_FIELDS,
+    _DTYPE_IDS,
+    _INVALID,
+    _NONE,
+    _OP_IDS,
+    _REDUCE_IDS,
+    _STRICT_FIELDS,
+    _TENSOR_OPS,
+    _crc,
+    _digest,
+    _is_int,
+    _mismatch_message,
+    _site_hash,
+    _where,
+)
 from accord.core.wrappers.recorder import leave_trace
 from accord.core.wrappers.wrapper import CallSite, CollectiveWrapper, OpCall, call_site
 from accord.errors import CollectiveMismatchError
@@ -43,92 +53,6 @@ from accord.errors import CollectiveMismatchError
 __all__ = ["DebugCollective"]
 
 _T = TypeVar("_T")
-
-# The group operations, in a fixed order: a fingerprint carries the index, never a name.
-_OPS = (
-    "all_reduce",
-    "broadcast",
-    "all_gather",
-    "reduce_scatter",
-    "barrier",
-    "gather",
-    "scatter",
-    "all_to_all",
-    "broadcast_object",
-    "all_gather_object",
-    "send/recv",
-)
-_OP_IDS = {name: index + 1 for index, name in enumerate(_OPS)}
-_OP_IDS["send"] = _OP_IDS["recv"] = _OP_IDS["send/recv"]
-_TENSOR_OPS = frozenset(
-    {"all_reduce", "broadcast", "all_gather", "reduce_scatter", "gather", "scatter", "all_to_all"}
-)
-_REDUCE_IDS = {member: index + 1 for index, member in enumerate(ReduceOp)}
-_DTYPE_IDS = {
-    dtype: index + 1
-    for index, dtype in enumerate(
-        (
-            torch.float32,
-            torch.float64,
-            torch.float16,
-            torch.bfloat16,
-            torch.uint8,
-            torch.int8,
-            torch.int16,
-            torch.int32,
-            torch.int64,
-            torch.bool,
-            torch.complex64,
-            torch.complex128,
-        )
-    )
-}
-
-# Fingerprint layout: op, reduce op / src / dst, peer, dtype, ndim, shape hash, call count,
-# call site hash, barrier name hash. The first _DEFAULT_FIELDS are always compared; the call
-# site and barrier name only with compare_call_sites=True, since `if rank == 0:
-# broadcast(x) else: broadcast(y)` is correct code that calls from two lines.
-_DEFAULT_FIELDS = 7
-_STRICT_FIELDS = 9
-_NONE = -1
-_INVALID = -2
-
-
-def _crc(text: str) -> int:
-    return zlib.crc32(text.encode())
-
-
-def _digest(values: Sequence[int]) -> int:
-    """A 56-bit digest of ``values``: positive, so its negation fits an int64 too."""
-    packed = struct.pack(f"<{len(values)}q", *values)
-    return int.from_bytes(hashlib.blake2b(packed, digest_size=7).digest(), "little")
-
-
-# The layers between a caller and this check. A report's "via" is the first accord frame
-# past them: the strategy helper, or DDP's gradient bucket hook, that made the call.
-_PLUMBING = ("accord.core.wrappers", "accord.core.collective", "accord.collectives")
-
-
-def _where() -> tuple[CallSite, CallSite | None]:
-    """`call_site`'s ``site``, and the innermost accord frame outside the plumbing as ``via``."""
-    site, _ = call_site()
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None:
-        module = frame.f_globals.get("__name__", "")
-        if not isinstance(module, str) or not module.startswith("accord."):
-            break
-        if module.startswith("accord.testing"):
-            break
-        if not module.startswith(_PLUMBING):
-            code = frame.f_code
-            return site, CallSite(code.co_filename, frame.f_lineno, code.co_name)
-        frame = frame.f_back
-    return site, None
-
-
-def _site_hash(site: CallSite) -> int:
-    # The file's base name, so ranks with different install paths still agree.
-    return _crc(f"{site.filename.rsplit(os.sep, 1)[-1]}:{site.lineno}")
 
 
 class DebugCollective(CollectiveWrapper):
@@ -362,51 +286,3 @@ class DebugCollective(CollectiveWrapper):
         received = receive()
         send()
         return received
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _format_call(description: dict[str, Any]) -> str:
-    parts = []
-    if description["shape"] is not None:
-        parts.append(f"shape={tuple(description['shape'])}")
-    if description["dtype"] is not None:
-        parts.append(f"dtype={description['dtype']}")
-    parts.extend(description["arguments"])
-    if description["name"] is not None:
-        parts.append(f"name={description['name']!r}")
-    line = (
-        f"  rank {description['rank']}: {description['op']}({', '.join(parts)}) "
-        f"[call #{description['call']}] at {description['site']}"
-    )
-    if description["via"]:
-        line += f" (via {description['via']})"
-    if description["error"]:
-        line += f"; invalid there: {description['error']}"
-    return line
-
-
-_COMPARED = (
-    ("op", "op"),
-    ("shape", "shape"),
-    ("dtype", "dtype"),
-    ("arguments", "reduce op / src / dst"),
-    ("call", "call count"),
-)
-_COMPARED_STRICT = (("site", "call site"), ("name", "barrier name"))
-
-
-def _mismatch_message(descriptions: Sequence[dict[str, Any]], strict: bool) -> str:
-    fields = _COMPARED + _COMPARED_STRICT if strict else _COMPARED
-    differing = [
-        label for key, label in fields if len({repr(d[key]) for d in descriptions}) > 1
-    ] or ["their arguments"]
-    lines = "\n".join(_format_call(d) for d in descriptions)
-    return (
-        f"Collective mismatch: the ranks' calls differ in {', '.join(differing)}. Nothing "
-        f"was sent, and every rank involved raises this error:\n{lines}\n"
-        "Every rank must make the same collective calls, with the same shapes, dtypes and "
-        "src/dst/reduce op, in the same order."
-    )
