@@ -7,11 +7,8 @@ return forms), the ``on_*`` hooks, ``self.log`` and ``self.log_dict`` keep their
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import io
-import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,8 +16,11 @@ import torch
 from torch import nn
 from typing_extensions import Self
 
-from accord.checkpoint_io import read_checkpoint
-from accord.errors import CheckpointError, ConfigurationError
+from accord import hparams as _hp
+from accord import manual_optimization as _manual
+from accord.errors import ConfigurationError
+from accord.hparams import AttributeDict
+from accord.manual_optimization import ManualOptimizer
 
 if TYPE_CHECKING:
     from accord.trainer.trainer import Trainer
@@ -30,79 +30,6 @@ __all__ = ["AttributeDict", "ManualOptimizer", "Module", "OptimizerConfig"]
 OptimizerConfig = Any
 """What ``configure_optimizers`` may return: an optimizer, a list of them, a
 ``(optimizers, schedulers)`` pair, or a dict ``{"optimizer": ..., "lr_scheduler": ...}``."""
-
-
-class AttributeDict(dict[str, Any]):
-    """A dict whose keys read as attributes too: ``hparams.lr`` is ``hparams["lr"]``."""
-
-    def __getattr__(self, key: str) -> Any:
-        try:
-            return self[key]
-        except KeyError:
-            raise AttributeError(f"No hyperparameter {key!r}; saved: {sorted(self)}.") from None
-
-    def __setattr__(self, key: str, value: Any) -> None:
-        self[key] = value
-
-
-class ManualOptimizer:
-    """An optimizer as `Module.optimizers` returns it under manual optimization.
-
-    ``step()`` goes through the strategy (the precision's loss scaler included), calls
-    ``on_before_optimizer_step`` and counts one ``global_step``; ``zero_grad()`` goes
-    through the strategy too. Everything else (``param_groups``, ``state_dict()``, ...)
-    is the wrapped optimizer's.
-
-    Args:
-        optimizer: the optimizer the strategy set up.
-        module: the module being trained.
-    """
-
-    def __init__(self, optimizer: torch.optim.Optimizer, module: Module) -> None:
-        self.optimizer = optimizer
-        self._module = module
-        self.clipped = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.optimizer, name)
-
-    def step(self, closure: Any = None) -> None:
-        """Apply the step (``closure``, if given, is called first, as Lightning does)."""
-        if closure is not None:
-            closure()
-        trainer = self._module.trainer
-        strategy = trainer.strategy
-        if not self.clipped:
-            # So on_before_optimizer_step sees the true gradients under a loss scaler.
-            strategy.unscale_gradients(self.optimizer)
-        self.clipped = False
-        self._module.on_before_optimizer_step(self.optimizer)
-        strategy.optimizer_step(self.optimizer, self._module.wrapped_module)
-        trainer.global_step += 1
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear the gradients of this optimizer's parameters."""
-        self._module.trainer.strategy.zero_grad(self.optimizer, self._module.wrapped_module)
-
-    @contextlib.contextmanager
-    def toggle_model(self, sync_grad: bool = True) -> Iterator[None]:
-        """Inside it, only this optimizer's parameters require gradients
-        (`Module.toggle_optimizer`); with ``sync_grad=False`` a backward inside it also
-        skips the strategy's gradient synchronisation (DDP's all-reduce), as Lightning's
-        ``LightningOptimizer.toggle_model`` does.
-
-        For gradient accumulation by hand: on the batches that do not step, run the
-        backward under ``sync_grad=False``; the gradients add up on each rank, and the
-        synchronised backward of the stepping batch averages the sum over the ranks.
-        """
-        module = self._module
-        strategy = module.trainer.strategy
-        with strategy.no_backward_sync(module.wrapped_module, enabled=not sync_grad):
-            module.toggle_optimizer(self)
-            try:
-                yield
-            finally:
-                module.untoggle_optimizer(self)
 
 
 class Module(nn.Module):
@@ -133,26 +60,16 @@ class Module(nn.Module):
         Raises:
             ConfigurationError: outside a run.
         """
-        wrapped = self.trainer.model_wrapper
-        if wrapped is None:
-            raise ConfigurationError(
-                f"{type(self).__name__} is not in a run; manual optimization works inside "
-                "training_step."
-            )
-        return wrapped
+        return _manual.wrapped_module_of(self)
 
     def optimizers(self) -> ManualOptimizer | list[ManualOptimizer]:
         """The fit's optimizers (one, or a list), wrapped for manual optimization."""
-        wrapped = [ManualOptimizer(o, self) for o in self.trainer.optimizers]
-        return wrapped[0] if len(wrapped) == 1 else wrapped
+        return _manual.optimizers_of(self)
 
     def lr_schedulers(self) -> Any:
         """The fit's LR schedulers: one, a list, or None. Step them yourself under
         manual optimization."""
-        schedulers = [c.scheduler for c in self.trainer.lr_scheduler_configs]
-        if not schedulers:
-            return None
-        return schedulers[0] if len(schedulers) == 1 else schedulers
+        return _manual.schedulers_of(self)
 
     def manual_backward(self, loss: torch.Tensor) -> None:
         """Backpropagate ``loss`` through the strategy (its precision's scaling included),
@@ -166,29 +83,16 @@ class Module(nn.Module):
     ) -> None:
         """Clip the gradients of ``optimizer``'s parameters to total norm
         ``gradient_clip_val``, before its step (the other optimizers' are left alone)."""
-        inner = optimizer.optimizer if isinstance(optimizer, ManualOptimizer) else optimizer
-        params = nn.ParameterList(p for group in inner.param_groups for p in group["params"])
-        self.trainer.strategy.clip_gradients(params, inner, gradient_clip_val)
-        if isinstance(optimizer, ManualOptimizer):
-            optimizer.clipped = True
+        _manual.clip_gradients_of(self, optimizer, gradient_clip_val)
 
     def toggle_optimizer(self, optimizer: ManualOptimizer | torch.optim.Optimizer) -> None:
         """Let only ``optimizer``'s parameters require gradients (the other optimizers'
         are frozen) until `untoggle_optimizer`; for alternating updates such as a GAN's."""
-        inner = optimizer.optimizer if isinstance(optimizer, ManualOptimizer) else optimizer
-        mine = {id(p) for group in inner.param_groups for p in group["params"]}
-        for other in self.trainer.optimizers:
-            for group in other.param_groups:
-                for param in group["params"]:
-                    if id(param) not in mine and param not in self._toggled:
-                        self._toggled[param] = param.requires_grad
-                        param.requires_grad = False
+        _manual.freeze_others(self, optimizer)
 
     def untoggle_optimizer(self, optimizer: ManualOptimizer | torch.optim.Optimizer) -> None:
         """Undo `toggle_optimizer`: every parameter requires gradients as before."""
-        for param, requires_grad in self._toggled.items():
-            param.requires_grad = requires_grad
-        self._toggled = {}
+        _manual.restore_requires_grad(self)
 
     # ---------------------------------------------------------- hyperparameters
     @property
@@ -216,55 +120,12 @@ class Module(nn.Module):
             ConfigurationError: a name that is not an argument of the calling ``__init__``,
                 or a call from outside a function.
         """
-        skip = {ignore} if isinstance(ignore, str) else set(ignore or ())
-        if len(args) == 1 and isinstance(args[0], Mapping):
-            self._record_hparams({k: v for k, v in args[0].items() if k not in skip})
-            return
-        frame = inspect.currentframe()
-        caller = frame.f_back if frame is not None else None
-        if caller is None:
-            raise ConfigurationError(
-                "save_hyperparameters() could not see its caller; pass the values as a dict."
-            )
-        try:
-            code = caller.f_code
-            count = code.co_argcount + code.co_kwonlyargcount
-            names = list(code.co_varnames[1:count])  # the first is self
-            if code.co_flags & inspect.CO_VARARGS:
-                names.append(code.co_varnames[count])
-                count += 1
-            varkw = code.co_varnames[count] if code.co_flags & inspect.CO_VARKEYWORDS else None
-            init_args: dict[str, Any] = {name: caller.f_locals.get(name) for name in names}
-            if varkw is not None:
-                init_args.update(caller.f_locals.get(varkw) or {})
-        finally:
-            del frame, caller
-        wanted = [str(a) for a in args] if args else list(init_args)
-        unknown = [name for name in wanted if name not in init_args]
-        if unknown:
-            raise ConfigurationError(
-                f"save_hyperparameters({', '.join(map(repr, unknown))}): not an argument of "
-                f"{type(self).__name__}.__init__ (its arguments: {sorted(init_args)})."
-            )
-        self._record_hparams({k: init_args[k] for k in wanted if k not in skip})
-
-    def _record_hparams(self, values: dict[str, Any]) -> None:
-        self._hparams.update(values)
-        unsafe = sorted(k for k, v in values.items() if not _loads_safely(v))
-        if unsafe:
-            warnings.warn(
-                f"save_hyperparameters(): {unsafe} of {type(self).__name__} are not plain "
-                "values (numbers, strings, lists, dicts, tensors), so checkpoints leave them "
-                "out (loading a checkpoint runs no code). Pass them again to "
-                "load_from_checkpoint(path, name=...), or leave them out with ignore=[...].",
-                UserWarning,
-                stacklevel=3,
-            )
+        _hp.record_hparams(self, _hp.hparams_to_record(self, inspect.currentframe(), args, ignore))
 
     def hparams_for_checkpoint(self) -> dict[str, Any]:
         """The hyperparameters a checkpoint stores: those that load with
         ``weights_only=True`` (plain values), so reading the checkpoint runs no code."""
-        return {k: v for k, v in self._hparams.items() if _loads_safely(v)}
+        return {k: v for k, v in self._hparams.items() if _hp.loads_safely(v)}
 
     @classmethod
     def load_from_checkpoint(
@@ -295,33 +156,7 @@ class Module(nn.Module):
         Raises:
             CheckpointError: nothing readable at the path, or weights that do not fit.
         """
-        checkpoint = read_checkpoint(checkpoint_path, weights_only=weights_only)
-        if "state_dict" not in checkpoint:
-            raise CheckpointError(
-                f"{str(checkpoint_path)!r} is not an accord checkpoint (no 'state_dict')."
-            )
-        hparams = dict(checkpoint.get("hyper_parameters") or {})
-        try:
-            model = cls(**{**hparams, **overrides})
-        except TypeError as err:
-            raise CheckpointError(
-                f"{cls.__name__} could not be built from {str(checkpoint_path)!r}'s "
-                f"hyperparameters {sorted(hparams)} and the overrides {sorted(overrides)}: "
-                f"{err}. Hyperparameters that are not plain values are not saved; pass them "
-                "as keyword arguments to load_from_checkpoint."
-            ) from err
-        try:
-            model.load_state_dict(checkpoint["state_dict"], strict=strict)
-        except RuntimeError as err:
-            raise CheckpointError(
-                f"{str(checkpoint_path)!r} does not fit {cls.__name__}"
-                f"({', '.join(f'{k}={v!r}' for k, v in {**hparams, **overrides}.items())}): "
-                f"it was saved from a different model or configuration.\n{err}"
-            ) from err
-        if map_location is not None:
-            model.to(map_location)
-        model.on_load_checkpoint(checkpoint)
-        return model
+        return _hp.load_module(cls, checkpoint_path, map_location, strict, weights_only, overrides)
 
     # ------------------------------------------------------------------ context
     @property
@@ -512,15 +347,3 @@ class Module(nn.Module):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Read what `on_save_checkpoint` added, when resuming."""
-
-
-def _loads_safely(value: Any) -> bool:
-    """Whether ``value`` comes back from ``torch.load(weights_only=True)``."""
-    buffer = io.BytesIO()
-    try:
-        torch.save(value, buffer)
-        buffer.seek(0)
-        torch.load(buffer, weights_only=True)
-    except Exception:  # any failure means it is not a plain value
-        return False
-    return True
