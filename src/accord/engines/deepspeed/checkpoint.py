@@ -23,8 +23,6 @@ import shutil
 from pathlib import Path
 from typing import Any, cast
 
-import torch
-
 from accord.checkpoint_io import (
     check_format_version,
     checkpoint_format,
@@ -34,11 +32,9 @@ from accord.checkpoint_io import (
     write_bytes_atomically,
 )
 from accord.core.strategy import Strategy
-from accord.engines.deepspeed import staging, whole
-from accord.engines.deepspeed.collective import import_deepspeed
+from accord.engines.deepspeed import reading, staging, whole
 from accord.engines.deepspeed.safe_load import (
     check_tag_files,
-    load_deepspeed_file,
     safe_engine_loads,
 )
 from accord.errors import CheckpointError
@@ -130,7 +126,7 @@ def load_checkpoint_directory(
     if engine is None:
         state, client = _read_consolidated(source, None, weights_only)
         return {**client, "state_dict": state}
-    tag = _checkpoint_tag(source, None)
+    tag = reading.checkpoint_tag(source, None)
     if weights_only:
         check_tag_files(source / tag)
     with safe_engine_loads(engine) if weights_only else contextlib.nullcontext():
@@ -178,7 +174,7 @@ def load_for_engine(
         return checkpoint
     states = checkpoint.get("optimizer_states", [])
     for state in states:
-        _put_optimizer_state(engine, state, rank, source)
+        whole.put_optimizer_state(engine, state, rank, source)
     checkpoint["optimizer_states"] = [EngineState() for _ in states]
     return checkpoint
 
@@ -188,89 +184,15 @@ def _native_to(engine: Any, source: Path, weights_only: bool) -> bool:
     stage, same number of ranks."""
     if checkpoint_format(source) != "deepspeed":
         return False
-    tag = _checkpoint_tag(source, None)
+    tag = reading.checkpoint_tag(source, None)
     if weights_only:
         check_tag_files(source / tag)
-    states = _load_model_states(source, tag, weights_only)
+    states = reading.load_model_states(source, tag, weights_only)
     stage = states.get("ds_config", {}).get("zero_optimization", {}).get("stage", 0)
     return bool(
         int(stage) == int(engine.zero_optimization_stage())
         and int(states.get("dp_world_size", -1)) == int(engine.dp_world_size)
     )
-
-
-def _put_optimizer_state(engine: Any, state: dict[str, Any], rank: int, source: Path) -> None:
-    optimizer = engine.optimizer
-    if int(engine.zero_optimization_stage()) >= 3:
-        raise CheckpointError(
-            f"{str(source)!r} is not a ZeRO-3 checkpoint of this world size, and a ZeRO-3 run "
-            "resumes only from one. Resume from it under deepspeed_stage_2, ddp, fsdp or one "
-            "device, or load its weights (model.load_state_dict) before fit()."
-        )
-    groups = optimizer.bit16_groups
-    ordered = getattr(optimizer, "round_robin_bit16_groups", groups)
-    partitions = optimizer.single_partition_of_fp32_groups
-    base = optimizer.optimizer
-    numbered = _numbered(state)
-    saved_groups = numbered.get("param_groups", [])
-    sizes = [len(group) for group in groups]
-    if [len(group.get("params", [])) for group in saved_groups] != sizes:
-        raise CheckpointError(
-            f"{str(source)!r} holds an optimizer state whose groups do not fit this run's "
-            f"(groups of {[len(g.get('params', [])) for g in saved_groups]} parameters; this "
-            f"run has {sizes}). Resume with the configure_optimizers() that saved it."
-        )
-    number_of = {id(p): k for k, p in enumerate(p for group in groups for p in group)}
-    saved = numbered.get("state", {})
-    for index, group in enumerate(ordered):
-        entries = [saved.get(number_of[id(p)]) for p in group]
-        present = [entry for entry in entries if entry is not None]
-        if not present:
-            continue
-        if len(present) != len(entries):
-            raise CheckpointError(
-                f"{str(source)!r}: some parameters of optimizer group {index} have state and "
-                "others have none; the checkpoint is incomplete."
-            )
-        partition = partitions[index]
-        first = present[0]
-        flat = {
-            key: whole.split_for_rank(
-                [entry[key] for entry in present], partition.numel(), rank
-            ).to(partition.device, partition.dtype)
-            for key, value in first.items()
-            if isinstance(value, torch.Tensor) and value.dim() > 0
-        }
-        shared = {
-            k: v.clone() if isinstance(v, torch.Tensor) else v
-            for k, v in first.items()
-            if k not in flat
-        }
-        base.state[partition] = {**shared, **flat}
-        base.param_groups[index].update(
-            {k: v for k, v in saved_groups[index].items() if k != "params"}
-        )
-
-
-def _numbered(state: dict[str, Any]) -> dict[str, Any]:
-    """An optimizer state keyed by parameter name (FSDP's), numbered in its groups' order."""
-    groups = state.get("param_groups", [])
-    names = [name for group in groups for name in group.get("params", [])]
-    if not all(isinstance(name, str) for name in names):
-        return state
-    number = {name: index for index, name in enumerate(names)}
-    return {
-        "state": {number[name]: value for name, value in state.get("state", {}).items()},
-        "param_groups": [{**g, "params": [number[n] for n in g["params"]]} for g in groups],
-    }
-
-
-def _read_latest(directory: Path) -> str | None:
-    """The tag a checkpoint directory's ``latest`` file names, or None without one."""
-    try:
-        return (directory / "latest").read_text().strip() or None
-    except (FileNotFoundError, NotADirectoryError):
-        return None
 
 
 def strip_step_prefix(state: dict[str, Any]) -> dict[str, Any]:
@@ -297,26 +219,14 @@ def _read_consolidated(
     """
     if not directory.is_dir():
         raise CheckpointError(f"{str(directory)!r} is not a DeepSpeed checkpoint directory.")
-    tag = _checkpoint_tag(directory, tag)
+    tag = reading.checkpoint_tag(directory, tag)
     if weights_only:
         check_tag_files(directory / tag)
-    state = _consolidate(directory, tag)
-    states = _load_model_states(directory, tag, weights_only)
+    state = reading.consolidate(directory, tag)
+    states = reading.load_model_states(directory, tag, weights_only)
     if _CLIENT_KEY not in states:
         return state, {}
     return strip_step_prefix(state), dict(states[_CLIENT_KEY])
-
-
-def _consolidate(directory: Path, tag: str) -> dict[str, Any]:
-    zero_to_fp32 = import_deepspeed(
-        "deepspeed.utils.zero_to_fp32", feature="consolidate_deepspeed_checkpoint"
-    )
-    try:
-        return dict(zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=tag))
-    except (FileNotFoundError, ValueError, KeyError) as err:
-        raise CheckpointError(
-            f"{str(directory)!r} could not be consolidated (not a ZeRO checkpoint?): {err}"
-        ) from err
 
 
 def read_deepspeed_whole(path: Path, weights_only: bool = True) -> dict[str, Any]:
@@ -333,15 +243,17 @@ def read_deepspeed_whole(path: Path, weights_only: bool = True) -> dict[str, Any
             file that holds objects ``weights_only`` refuses; optimizer partitions that do
             not fit the parameters.
     """
-    tag = _checkpoint_tag(path, None)
+    tag = reading.checkpoint_tag(path, None)
     if weights_only:
         check_tag_files(path / tag)
-    states = _load_model_states(path, tag, weights_only)
+    states = reading.load_model_states(path, tag, weights_only)
     checkpoint = dict(states.get(_CLIENT_KEY, {}))
     check_format_version(checkpoint, path)
-    weights = _consolidate(path, tag)
+    weights = reading.consolidate(path, tag)
     checkpoint["state_dict"] = strip_step_prefix(weights) if _CLIENT_KEY in states else weights
-    optimizers = [_load_file(file, weights_only) for file in whole.optimizer_files(path / tag)]
+    optimizers = [
+        reading.load_file(file, weights_only) for file in whole.optimizer_files(path / tag)
+    ]
     try:
         partitions = [loaded["optimizer_state_dict"] for loaded in optimizers]
         stage = int(partitions[0]["zero_stage"])
@@ -399,45 +311,8 @@ def consolidate_deepspeed_checkpoint(
 def _next_tag(directory: Path) -> tuple[str | None, str]:
     """The tag ``latest`` names now (None: no finished checkpoint there) and the tag the
     next save writes."""
-    previous = _read_latest(directory)
+    previous = reading.read_latest(directory)
     return previous, _TAGS[1] if previous == _TAGS[0] else _TAGS[0]
-
-
-def _checkpoint_tag(directory: Path, tag: str | None) -> str:
-    found = tag if tag is not None else _read_latest(directory)
-    if found is None:
-        raise CheckpointError(
-            f"{str(directory)!r} is not a DeepSpeed checkpoint: it has no 'latest' file (a "
-            "save that did not finish leaves none). Pass tag= to name the tag directory to read."
-        )
-    if not (directory / found).is_dir():
-        raise CheckpointError(
-            f"{str(directory)!r} is not a complete DeepSpeed checkpoint: it has no tag "
-            f"directory {found!r}."
-        )
-    return found
-
-
-def _load_model_states(directory: Path, tag: str, weights_only: bool) -> dict[str, Any]:
-    files = sorted((directory / tag).glob("*model_states.pt"))
-    if not files:
-        raise CheckpointError(
-            f"{str(directory / tag)!r} holds no DeepSpeed model states file (*model_states.pt)."
-        )
-    return _load_file(files[0], weights_only)
-
-
-def _load_file(file: Path, weights_only: bool) -> dict[str, Any]:
-    if weights_only:
-        loaded = load_deepspeed_file(file)
-    else:
-        try:
-            loaded = torch.load(file, map_location="cpu", weights_only=False)
-        except Exception as err:
-            raise CheckpointError(f"{str(file)!r} is not readable: {err}") from err
-    if not isinstance(loaded, dict):
-        raise CheckpointError(f"{str(file)!r} holds a {type(loaded).__name__}, not a dict.")
-    return loaded
 
 
 register_directory_reader("deepspeed", read_deepspeed_whole)

@@ -14,6 +14,7 @@ every rank in rank order and dropping the padding gives it back whole.
 
 `split_for_rank` goes the other way, for a ZeRO-1/2 engine that resumes from a plain
 optimizer state: the group's parameters flattened in order, padded, and this rank's slice.
+`put_optimizer_state` puts such a state into the engine's partitions with it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ from accord.errors import CheckpointError
 __all__ = [
     "merge_zero3_optimizer_states",
     "merge_zero_optimizer_states",
+    "numbered_state",
     "optimizer_files",
+    "put_optimizer_state",
     "split_for_rank",
 ]
 
@@ -192,3 +195,69 @@ def split_for_rank(tensors: Sequence[torch.Tensor], partition_size: int, rank: i
     if flat.numel() < end:
         flat = torch.cat([flat, flat.new_zeros(end - flat.numel())])
     return flat[start:end].clone()
+
+
+def put_optimizer_state(engine: Any, state: dict[str, Any], rank: int, source: Path) -> None:
+    optimizer = engine.optimizer
+    if int(engine.zero_optimization_stage()) >= 3:
+        raise CheckpointError(
+            f"{str(source)!r} is not a ZeRO-3 checkpoint of this world size, and a ZeRO-3 run "
+            "resumes only from one. Resume from it under deepspeed_stage_2, ddp, fsdp or one "
+            "device, or load its weights (model.load_state_dict) before fit()."
+        )
+    groups = optimizer.bit16_groups
+    ordered = getattr(optimizer, "round_robin_bit16_groups", groups)
+    partitions = optimizer.single_partition_of_fp32_groups
+    base = optimizer.optimizer
+    numbered = numbered_state(state)
+    saved_groups = numbered.get("param_groups", [])
+    sizes = [len(group) for group in groups]
+    if [len(group.get("params", [])) for group in saved_groups] != sizes:
+        raise CheckpointError(
+            f"{str(source)!r} holds an optimizer state whose groups do not fit this run's "
+            f"(groups of {[len(g.get('params', [])) for g in saved_groups]} parameters; this "
+            f"run has {sizes}). Resume with the configure_optimizers() that saved it."
+        )
+    number_of = {id(p): k for k, p in enumerate(p for group in groups for p in group)}
+    saved = numbered.get("state", {})
+    for index, group in enumerate(ordered):
+        entries = [saved.get(number_of[id(p)]) for p in group]
+        present = [entry for entry in entries if entry is not None]
+        if not present:
+            continue
+        if len(present) != len(entries):
+            raise CheckpointError(
+                f"{str(source)!r}: some parameters of optimizer group {index} have state and "
+                "others have none; the checkpoint is incomplete."
+            )
+        partition = partitions[index]
+        first = present[0]
+        flat = {
+            key: split_for_rank([entry[key] for entry in present], partition.numel(), rank).to(
+                partition.device, partition.dtype
+            )
+            for key, value in first.items()
+            if isinstance(value, torch.Tensor) and value.dim() > 0
+        }
+        shared = {
+            k: v.clone() if isinstance(v, torch.Tensor) else v
+            for k, v in first.items()
+            if k not in flat
+        }
+        base.state[partition] = {**shared, **flat}
+        base.param_groups[index].update(
+            {k: v for k, v in saved_groups[index].items() if k != "params"}
+        )
+
+
+def numbered_state(state: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state keyed by parameter name (FSDP's), numbered in its groups' order."""
+    groups = state.get("param_groups", [])
+    names = [name for group in groups for name in group.get("params", [])]
+    if not all(isinstance(name, str) for name in names):
+        return state
+    number = {name: index for index, name in enumerate(names)}
+    return {
+        "state": {number[name]: value for name, value in state.get("state", {}).items()},
+        "param_groups": [{**g, "params": [number[n] for n in g["params"]]} for g in groups],
+    }
