@@ -2,13 +2,12 @@
 
 The Trainer never communicates itself: every cross-rank question goes to
 ``self.strategy`` (which asks its collective). Its parts live beside it: the loops
-(`run`, `loops`, `fit_loop`), the data (`data`), checkpoints (`checkpointing`) and
-the optimizers (`optimizers`).
+(`run`, `loops`, `fit_loop`), the data (`data`), checkpoints (`checkpointing`), the
+optimizers (`optimizers`) and the argument checks and launching (`plumbing`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -19,20 +18,15 @@ from accord.accelerators.accelerator import Accelerator, DevicesLike
 from accord.callbacks.callback import Callback
 from accord.callbacks.model_checkpoint import ModelCheckpoint
 from accord.core.strategy import Strategy
-from accord.datamodule import DataModule, check_datamodule
-from accord.errors import ConfigurationError
+from accord.datamodule import DataModule
 from accord.loggers.logger import Logger
 from accord.module import Module
-from accord.trainer.arguments import build_callbacks, build_loggers, check_limit, check_positive
-from accord.trainer.checkpointing import checkpoint_state
+from accord.trainer import plumbing
+from accord.trainer.arguments import build_callbacks, build_loggers
 from accord.trainer.connector import connect
-from accord.trainer.data import module_loader, overrides
-from accord.trainer.fit_loop import check_manual
 from accord.trainer.metrics import MetricStore
 from accord.trainer.optimizers import SchedulerConfig
 from accord.trainer.preemption import DEFAULT_PREEMPTION_SIGNALS, SignalLike, parse_signals
-from accord.trainer.recovery import restart_checkpoint
-from accord.trainer.run import run_stage
 from accord.trainer.state import RankZeroResults, RunState
 from accord.trainer.step_decision import check_nonfinite_mode
 
@@ -117,28 +111,11 @@ class Trainer:
         on_nonfinite: str = "raise",
         auto_resume: bool = True,
     ) -> None:
-        check_positive("accumulate_grad_batches", accumulate_grad_batches)
-        check_positive("check_val_every_n_epoch", check_val_every_n_epoch)
-        check_positive("log_every_n_steps", log_every_n_steps)
-        if max_epochs is not None and max_epochs < 0:
-            raise ConfigurationError(f"max_epochs={max_epochs} must be >= 0 (or None).")
-        if max_steps < -1:
-            raise ConfigurationError(f"max_steps={max_steps} must be -1 (no limit) or >= 0.")
-        if gradient_clip_val is not None and gradient_clip_val <= 0:
-            raise ConfigurationError(f"gradient_clip_val={gradient_clip_val} must be > 0.")
-        for name, value in (
-            ("limit_train_batches", limit_train_batches),
-            ("limit_val_batches", limit_val_batches),
-            ("limit_test_batches", limit_test_batches),
-            ("limit_predict_batches", limit_predict_batches),
-            ("val_check_interval", val_check_interval),
-        ):
-            check_limit(name, value)
-
-        if profiler not in (None, "collectives", "timeline"):
-            raise ConfigurationError(
-                f"profiler={profiler!r} is not known; use 'collectives', 'timeline' or None."
-            )
+        plumbing.check_counts(accumulate_grad_batches, check_val_every_n_epoch, log_every_n_steps)
+        plumbing.check_bounds(max_epochs, max_steps, gradient_clip_val)
+        lim = (limit_train_batches, limit_val_batches, limit_test_batches, limit_predict_batches)
+        plumbing.check_limits(*lim, val_check_interval)
+        plumbing.check_profiler(profiler)
         self.preemption_signals = parse_signals(preemption_signals)
         self.on_nonfinite = check_nonfinite_mode(on_nonfinite)
         self.auto_resume = auto_resume
@@ -147,12 +124,7 @@ class Trainer:
         self.collective_stats_by_rank: list[dict[str, dict[str, float]]] = []
         self.max_epochs = 1000 if max_epochs is None and max_steps == -1 else max_epochs
         self.max_steps = max_steps
-        self.limits = {
-            "train": limit_train_batches,
-            "validate": limit_val_batches,
-            "test": limit_test_batches,
-            "predict": limit_predict_batches,
-        }
+        self.limits = dict(zip(("train", "validate", "test", "predict"), lim, strict=True))
         self.val_check_interval = val_check_interval
         self.check_val_every_n_epoch = check_val_every_n_epoch
         self.accumulate_grad_batches = accumulate_grad_batches
@@ -283,19 +255,8 @@ class Trainer:
         Under ``ddp_spawn``/``ddp_fork`` the training runs in child processes; afterwards
         ``model`` holds rank zero's trained weights.
         """
-        if isinstance(train_dataloaders, DataModule):
-            datamodule = check_datamodule("fit", datamodule, None, train_dataloaders)
-            train_dataloaders = None
-        self.datamodule = check_datamodule("fit", train_dataloaders, val_dataloaders, datamodule)
-        if self.datamodule is None:
-            if train_dataloaders is None:
-                train_dataloaders = module_loader(model, "train_dataloader")
-            if val_dataloaders is None and overrides(model, "validation_step"):
-                val_dataloaders = module_loader(model, "val_dataloader", required=False)
-        if isinstance(model, Module) and not model.automatic_optimization:
-            # Before any process starts, so a refusal is raised here, not by every rank.
-            check_manual(self)
-        self._launch("fit", model, train_dataloaders, val_dataloaders, ckpt_path)
+        loaders = plumbing.fit_loaders(self, model, train_dataloaders, val_dataloaders, datamodule)
+        plumbing.launch(self, "fit", model, *loaders, ckpt_path)
 
     def validate(
         self,
@@ -311,9 +272,7 @@ class Trainer:
         are loaded from that checkpoint first. With ``datamodule`` (also accepted in place
         of ``dataloaders``) the loader is its ``val_dataloader()``, after its ``setup``.
         """
-        loader = self._eval_loader("validate", model, dataloaders, datamodule)
-        result: list[dict[str, float]] = self._launch("validate", model, None, loader, ckpt_path)
-        return result
+        return plumbing.evaluate(self, "validate", model, dataloaders, datamodule, ckpt_path)
 
     def test(
         self,
@@ -325,9 +284,7 @@ class Trainer:
     ) -> list[dict[str, float]]:
         """Run one test pass; return its epoch metrics (``ckpt_path`` and ``datamodule`` as
         in `validate`)."""
-        loader = self._eval_loader("test", model, dataloaders, datamodule)
-        result: list[dict[str, float]] = self._launch("test", model, None, loader, ckpt_path)
-        return result
+        return plumbing.evaluate(self, "test", model, dataloaders, datamodule, ckpt_path)
 
     def predict(
         self,
@@ -341,9 +298,7 @@ class Trainer:
 
         ``ckpt_path`` and ``datamodule`` as in `validate`.
         """
-        loader = self._eval_loader("predict", model, dataloaders, datamodule)
-        result: list[Any] = self._launch("predict", model, None, loader, ckpt_path)
-        return result
+        return plumbing.evaluate(self, "predict", model, dataloaders, datamodule, ckpt_path)
 
     def save_checkpoint(self, path: str | Path) -> None:
         """Write the full training state to ``path`` (every rank must call it).
@@ -352,12 +307,7 @@ class Trainer:
         callback's state, the loop position (mid-epoch included) and the RNG state, so
         ``fit(ckpt_path=path)`` continues where this run was.
         """
-        model = self._state.module
-        if model is None or self._state.wrapped is None:
-            raise ConfigurationError("save_checkpoint() works during a run (fit/validate/test).")
-        checkpoint = checkpoint_state(self, self._state)
-        model.on_save_checkpoint(checkpoint)
-        self.strategy.save_checkpoint(checkpoint, path)
+        plumbing.save_checkpoint(self, path)
 
     # ------------------------------------------------------- rank zero's results
     def rank_zero_results(self, output: Any) -> RankZeroResults:
@@ -366,73 +316,13 @@ class Trainer:
         Args:
             output: what the run returned.
         """
-        module = self._state.module
-        assert module is not None
-        return RankZeroResults(
-            output=output,
-            state_dict={k: v.detach().cpu() for k, v in module.state_dict().items()},
-            callback_metrics=dict(self.callback_metrics),
-            progress_bar_metrics=dict(self.progress_bar_metrics),
-            logged_metrics=dict(self.logged_metrics),
-            callbacks={cb.state_key: cb.state_dict() for cb in self.callbacks},
-            current_epoch=self.current_epoch,
-            global_step=self.global_step,
-            collective_stats_by_rank=self.collective_stats_by_rank,
-        )
+        return plumbing.collect_results(self, output)
 
     def apply_rank_zero_results(self, results: RankZeroResults) -> None:
         """Take rank zero's `RankZeroResults` into this process's model, callbacks and counters."""
-        module = self._state.module
-        if module is None:
-            return
-        module.load_state_dict(results.state_dict)
-        metrics = self._state.metrics
-        metrics.callback_metrics = results.callback_metrics
-        metrics.progress_bar_metrics = results.progress_bar_metrics
-        metrics.logged_metrics = results.logged_metrics
-        for cb in self.callbacks:
-            if cb.state_key in results.callbacks:
-                cb.load_state_dict(results.callbacks[cb.state_key])
-        self.current_epoch = results.current_epoch
-        self.global_step = results.global_step
-        self.collective_stats_by_rank = results.collective_stats_by_rank
+        plumbing.apply_results(self, results)
 
     # ----------------------------------------------------------------- launching
-    def _eval_loader(
-        self,
-        stage: str,
-        model: Module,
-        dataloaders: Iterable[Any] | DataModule | None,
-        datamodule: DataModule | None,
-    ) -> Iterable[Any] | None:
-        """The loader of ``stage``; None when a `DataModule` gives it on each rank."""
-        if isinstance(dataloaders, DataModule):
-            datamodule = check_datamodule(stage, datamodule, None, dataloaders)
-            dataloaders = None
-        self.datamodule = check_datamodule(stage, dataloaders, None, datamodule)
-        if self.datamodule is not None:
-            return None
-        hook = {"validate": "val", "test": "test", "predict": "predict"}[stage]
-        return dataloaders or module_loader(model, f"{hook}_dataloader")
-
-    def _launch(self, stage: str, model: Module, *args: Any) -> Any:
-        if not isinstance(model, Module):
-            raise ConfigurationError(
-                f"Trainer.{stage}() needs an accord.Module, got {type(model).__name__}. "
-                "Subclass accord.Module (a LightningModule ports by changing its base class)."
-            )
-        self._state.module = model
-        launcher = self.strategy.launcher
-        if launcher is None:
-            return self._run(stage, model, *args)
-        if launcher.runs_in_caller:
-            return launcher.launch(self._run, stage, model, *args)
-        results: RankZeroResults | None = launcher.launch(self._run_rank, stage, model, *args)
-        if results is None:
-            return None
-        self.apply_rank_zero_results(results)
-        return results.output
-
     def _run_rank(self, stage: str, model: Module, *args: Any) -> RankZeroResults | None:
         """`_run` in a rank the launcher started; local rank zero returns its results."""
         output = self._run(stage, model, *args)
@@ -440,18 +330,9 @@ class Trainer:
 
     def __getstate__(self) -> dict[str, Any]:
         # The launching process keeps its own reference; children get a fresh copy.
-        state = dataclasses.replace(self._state, wrapped=None, optimizers=[], schedulers=[])
-        return {**self.__dict__, "_state": state}
+        return plumbing.picklable_state(self)
 
     # ---------------------------------------------------------------------- run
-    def _run(
-        self,
-        stage: str,
-        model: Module,
-        train_loader: Iterable[Any] | None,
-        eval_loader: Iterable[Any] | None,
-        ckpt_path: str | Path | None,
-    ) -> Any:
-        if stage == "fit" and ckpt_path is None:
-            ckpt_path = restart_checkpoint(self)
-        return run_stage(self, self._state, stage, model, train_loader, eval_loader, ckpt_path)
+    def _run(self, stage: str, model: Module, *args: Any) -> Any:
+        """Run ``stage`` in this process (see `plumbing.run`)."""
+        return plumbing.run(self, stage, model, *args)
