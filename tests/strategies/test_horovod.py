@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -368,3 +369,62 @@ def test_importing_accord_and_building_the_strategy_does_not_import_horovod() ->
         "assert not any(m.split('.')[0] == 'horovod' for m in sys.modules), 'imported'\n"
     )
     _run(0, ["-c", code])
+
+
+# ------------------------------------------------- checkpoints between strategies
+# tests/reliability/test_resume_matrix.py's fit (Adam, an LR halved every epoch, a global
+# batch of 24: 2 ranks x 12 under horovod, 24 on one device), saved mid-epoch (step 6 of
+# 12, by ModelCheckpoint(every_n_train_steps=6)) under one strategy and resumed under the
+# other: it ends with the uninterrupted run's weights, and the samples seen before and
+# after the save are the uninterrupted run's. (Only horovod -> one device for now: a fit
+# resumed under horovod keeps the LR of the epoch it resumed in, since loading the
+# optimizer state into Horovod's wrapper gives it parameter groups of its own, which the
+# scheduler, built on the original optimizer, no longer changes.)
+MOVE = HERE / "scripts" / "horovod_resume.py"
+MOVE_SAMPLES, MOVE_SAVE_STEP = 96, 6
+
+
+def _move(out: Path, tag: str, strategy: str, mode: str | Path) -> list[dict[str, Any]]:
+    """One fit of ``horovod_resume.py``; what each of its ranks measured."""
+    np = 2 if strategy == "horovod" else 0
+    _run(np, [str(MOVE), str(out), tag, strategy, str(mode)])
+    return [torch.load(out / f"{tag}-rank{r}.pt", weights_only=False) for r in range(max(np, 1))]
+
+
+def _seen(ranks: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    return [pair for rank in ranks for pair in rank["seen"]]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    (run,) = _move(tmp_path_factory.mktemp("uninterrupted"), "full", "single_device", "full")
+    assert run["global_step"] == 12
+    return run
+
+
+def _same_fit(
+    resumed: list[dict[str, Any]], saved: list[dict[str, Any]], full: dict[str, Any]
+) -> None:
+    for rank in resumed:
+        assert rank["global_step"] == full["global_step"]
+        assert rank["weights"].keys() == full["weights"].keys()
+        for key, value in full["weights"].items():
+            torch.testing.assert_close(rank["weights"][key], value, rtol=1e-5, atol=1e-5)
+    assert Counter(_seen(saved) + _seen(resumed)) == Counter(full["seen"])
+    # Half of epoch 1 before the save, the other half after it, each sample once.
+    assert Counter(e for e, _ in _seen(saved)) == {0: MOVE_SAMPLES, 1: MOVE_SAMPLES // 2}
+
+
+def test_a_horovod_checkpoint_resumes_on_one_device(
+    tmp_path: Path, uninterrupted: dict[str, Any]
+) -> None:
+    saved = _move(tmp_path, "saved", "horovod", "SAVE")
+    checkpoint = tmp_path / "saved" / "saved.ckpt"
+    resumed = _move(tmp_path, "resumed", "single_device", checkpoint)
+    _same_fit(resumed, saved, uninterrupted)
+    # The checkpoint says who wrote it (python -m accord.checkpoint inspect).
+    result = _run(0, ["-m", "accord.checkpoint", "inspect", str(checkpoint)])
+    assert "written by:  HorovodStrategy, world size 2" in result.stdout, result.stdout
+    assert "layout:      full" in result.stdout
+    assert f"epoch 1, global step {MOVE_SAVE_STEP}, mid-epoch" in result.stdout
+    assert f"48 of the epoch's {MOVE_SAMPLES} samples consumed" in result.stdout
