@@ -376,10 +376,9 @@ def test_importing_accord_and_building_the_strategy_does_not_import_horovod() ->
 # batch of 24: 2 ranks x 12 under horovod, 24 on one device), saved mid-epoch (step 6 of
 # 12, by ModelCheckpoint(every_n_train_steps=6)) under one strategy and resumed under the
 # other: it ends with the uninterrupted run's weights, and the samples seen before and
-# after the save are the uninterrupted run's. (Only horovod -> one device for now: a fit
-# resumed under horovod keeps the LR of the epoch it resumed in, since loading the
-# optimizer state into Horovod's wrapper gives it parameter groups of its own, which the
-# scheduler, built on the original optimizer, no longer changes.)
+# after the save are the uninterrupted run's. Resuming under horovod also checks that the
+# scheduler, built on the original optimizer, still changes the LR Horovod's wrapper uses
+# after the optimizer state is loaded into the wrapper.
 MOVE = HERE / "scripts" / "horovod_resume.py"
 MOVE_SAMPLES, MOVE_SAVE_STEP = 96, 6
 
@@ -428,3 +427,19 @@ def test_a_horovod_checkpoint_resumes_on_one_device(
     assert "layout:      full" in result.stdout
     assert f"epoch 1, global step {MOVE_SAVE_STEP}, mid-epoch" in result.stdout
     assert f"48 of the epoch's {MOVE_SAMPLES} samples consumed" in result.stdout
+
+
+def test_a_one_device_checkpoint_resumes_under_horovod(
+    tmp_path: Path, uninterrupted: dict[str, Any]
+) -> None:
+    saved = _move(tmp_path, "saved", "single_device", "SAVE")
+    resumed = _move(tmp_path, "resumed", "horovod", tmp_path / "saved" / "saved.ckpt")
+    _same_fit(resumed, saved, uninterrupted)
+
+
+def test_a_horovod_checkpoint_resumes_under_horovod(
+    tmp_path: Path, uninterrupted: dict[str, Any]
+) -> None:
+    saved = _move(tmp_path, "saved", "horovod", "SAVE")
+    resumed = _move(tmp_path, "resumed", "horovod", tmp_path / "saved" / "saved.ckpt")
+    _same_fit(resumed, saved, uninterrupted)

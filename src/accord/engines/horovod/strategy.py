@@ -236,6 +236,24 @@ class HorovodStrategy(ParallelStrategy):
         self._steps_this_epoch = 0
         return wrapped
 
+    @override
+    def load_optimizer_state_dict(
+        self, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+    ) -> None:
+        """Load ``state`` into the wrapper, keeping the groups it shares with the original.
+
+        torch's ``load_state_dict`` replaces the parameter groups with new dicts; the
+        learning-rate schedulers, built on the original optimizer, would then change
+        learning rates the wrapper no longer reads. The loaded values go into the shared
+        dicts instead.
+        """
+        shared = optimizer.param_groups
+        super().load_optimizer_state_dict(optimizer, state)
+        if len(shared) == len(optimizer.param_groups):
+            for kept, loaded in zip(shared, optimizer.param_groups, strict=True):
+                kept.update(loaded)
+            optimizer.param_groups = shared
+
     def _backward_passes(self) -> int:
         accumulate = self.run_settings.accumulate_grad_batches
         passes = self.backward_passes_per_step
