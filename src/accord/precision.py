@@ -68,10 +68,7 @@ class Precision:
     @property
     def autocast_dtype(self) -> torch.dtype | None:
         """The dtype autocast computes in, or None when there is no autocast."""
-        return {
-            PrecisionMode.BF16_MIXED: torch.bfloat16,
-            PrecisionMode.FP16_MIXED: torch.float16,
-        }.get(self.mode)
+        return _AUTOCAST_DTYPES.get(self.mode)
 
     @property
     def param_dtype(self) -> torch.dtype | None:
@@ -105,7 +102,7 @@ class Precision:
         """Autocast for the mixed modes; a no-op context otherwise."""
         dtype = self.autocast_dtype
         if dtype is None:
-            return contextlib.nullcontext()
+            return _NO_AUTOCAST
         return torch.autocast(self.device_type, dtype=dtype)
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -139,6 +136,12 @@ class Precision:
 
 
 _TRUE_DTYPES = {PrecisionMode.BF16_TRUE: torch.bfloat16, PrecisionMode.FP16_TRUE: torch.float16}
+_AUTOCAST_DTYPES = {
+    PrecisionMode.BF16_MIXED: torch.bfloat16,
+    PrecisionMode.FP16_MIXED: torch.float16,
+}
+# Entered once per step when there is no autocast; a nullcontext can be re-entered.
+_NO_AUTOCAST = contextlib.nullcontext()
 
 
 def _cast_floating(batch: Any, dtype: torch.dtype) -> Any:

@@ -267,3 +267,18 @@ def test_train_start_and_end_reach_callbacks_before_the_module(tmp_path: Path) -
         "module.on_train_end",
         "callback.on_fit_end",
     ]
+
+
+def test_batch_hooks_assigned_to_instances_run_on_every_batch(tmp_path: Path) -> None:
+    """The loop resolves once which batch hooks are defined; one set on the object itself
+    (not its class) counts, for a module and for a callback."""
+    calls: list[str] = []
+    model = LinearModel()
+    model.on_train_batch_start = lambda batch, idx: calls.append(f"start {idx}")  # type: ignore[method-assign]
+    model.on_after_backward = lambda: calls.append("after_backward")  # type: ignore[method-assign]
+    callback = Callback()
+    callback.on_train_batch_end = (  # type: ignore[method-assign]
+        lambda trainer, module, outputs, batch, idx: calls.append(f"end {idx}")
+    )
+    _trainer(tmp_path, [callback], max_epochs=1, limit_train_batches=2).fit(model, loader(16))
+    assert calls == ["start 0", "after_backward", "end 0", "start 1", "after_backward", "end 1"]

@@ -120,8 +120,22 @@ def all_gather_uneven(
 
 
 def move_to_device(batch: Any, device: torch.device) -> Any:
-    """Move the tensors of a nested batch to ``device``, keeping the container types."""
-    non_blocking = device.type == "cuda"
-    return apply_to_collection(
-        batch, torch.Tensor, torch.Tensor.to, device, non_blocking=non_blocking
-    )
+    """Move the tensors of a nested batch to ``device``, keeping the container types.
+
+    A batch whose tensors are all on ``device`` already comes back as the same object:
+    the training loop calls this once per batch, so the common cases (a tensor, a plain
+    list, tuple or dict of tensors) are checked directly, without a generic walk.
+    """
+    if isinstance(batch, torch.Tensor):
+        return batch if batch.device == device else _to(batch, device)
+    kind = type(batch)
+    items = batch if kind is list or kind is tuple else batch.values() if kind is dict else None
+    if items is not None and all(isinstance(t, torch.Tensor) and t.device == device for t in items):
+        return batch
+    return apply_to_collection(batch, torch.Tensor, _to, device)
+
+
+def _to(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if tensor.device == device:
+        return tensor
+    return tensor.to(device, non_blocking=device.type == "cuda")

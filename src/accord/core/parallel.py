@@ -114,6 +114,8 @@ class ParallelStrategy(Strategy):
     @property
     @override
     def root_device(self) -> torch.device:
+        if self._fixed_root_device is not None:
+            return self._fixed_root_device
         devices = self.parallel_devices or [torch.device("cpu")]
         return devices[self.local_rank % len(devices)]
 
@@ -138,10 +140,20 @@ class ParallelStrategy(Strategy):
         env.set_world_size(self.num_nodes * self.num_processes)
         env.set_global_rank(env.node_rank() * self.num_processes + env.local_rank())
 
+    # Set while the process is set up: its local rank no longer changes, and the loop asks
+    # for the device on every batch (the cluster environment reads it from os.environ).
+    _fixed_root_device: torch.device | None = None
+
     @override
     def setup_environment(self) -> None:
         self.configure_ranks()
         super().setup_environment()
+        self._fixed_root_device = self.root_device
+
+    @override
+    def teardown(self) -> None:
+        self._fixed_root_device = None
+        super().teardown()
 
     @override
     def collective_setup_kwargs(self) -> dict[str, Any]:

@@ -12,7 +12,13 @@ from accord.errors import ConfigurationError
 from accord.module import Module
 from accord.trainer.checkpointing import epoch_batches
 from accord.trainer.data import num_batches, overrides, set_epoch
-from accord.trainer.loops import call_callbacks, evaluate, log_metrics
+from accord.trainer.loops import (
+    call_callbacks,
+    callback_hooks,
+    evaluate,
+    log_metrics,
+    module_hook,
+)
 from accord.trainer.optimizers import optimizer_step, step_schedulers
 from accord.trainer.preemption import SignalFlag, save_and_stop
 from accord.trainer.state import RunState
@@ -194,12 +200,19 @@ class FitLoop:
         total = trainer.num_training_batches
         val_every = self._val_every(total)
         multi_rank = strategy.world_size > 1
+        # The hooks a batch calls, resolved once: the ones the user did not define do nothing.
+        batch_start = module_hook(model, "on_train_batch_start")
+        before_backward = module_hook(model, "on_before_backward")
+        after_backward = module_hook(model, "on_after_backward")
+        batch_end = module_hook(model, "on_train_batch_end")
+        callbacks_batch_end = callback_hooks(trainer, "on_train_batch_end")
         ran = skipped = 0
         for batch_idx, batch in self._epoch_batches(loader):
             trainer.logger_step = trainer.global_step
             batch = strategy.batch_to_device(batch)
             strategy.on_train_batch_start(batch_idx, last=batch_idx + 1 == total)
-            model.on_train_batch_start(batch, batch_idx)
+            if batch_start is not None:
+                batch_start(batch, batch_idx)
             is_step = (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == total
             with strategy.no_backward_sync(wrapped, enabled=not is_step):
                 metrics.in_step = True
@@ -234,9 +247,11 @@ class FitLoop:
                 if loss is not None:
                     if accumulate > 1:
                         loss = loss / accumulate
-                    model.on_before_backward(loss)
+                    if before_backward is not None:
+                        before_backward(loss)
                     strategy.backward(loss, wrapped)
-                    model.on_after_backward()
+                    if after_backward is not None:
+                        after_backward()
                     self.window_has_backward = True
             if is_step:
                 self._optimizer_step()
@@ -244,8 +259,10 @@ class FitLoop:
             if is_step and trainer.global_step % trainer.log_every_n_steps == 0:
                 log_metrics(trainer, step_metrics)
             state.batches_done = batch_idx + 1
-            call_callbacks(trainer, "on_train_batch_end", output, batch, batch_idx)
-            model.on_train_batch_end(output, batch, batch_idx)
+            for hook in callbacks_batch_end:
+                hook(trainer, model, output, batch, batch_idx)
+            if batch_end is not None:
+                batch_end(output, batch, batch_idx)
             if self.preempt_ranks and is_step:
                 save_and_stop(trainer, self.preempt_ranks, self.signals.received)
             if val_loader is not None and self._should_validate(batch_idx, val_every):

@@ -5,14 +5,16 @@ The fit loop is `accord.trainer.fit_loop.FitLoop`; it runs validation through `e
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning_utilities.core.rank_zero import rank_zero_only
 
+from accord.callbacks.callback import Callback
 from accord.loggers.logger import Logger
+from accord.module import Module
 from accord.trainer.data import num_batches
 from accord.trainer.state import RunState
 
@@ -21,8 +23,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "call_callbacks",
+    "callback_hooks",
     "evaluate",
     "log_metrics",
+    "module_hook",
     "predict",
     "print_collective_stats",
     "print_timeline_path",
@@ -34,6 +38,27 @@ def call_callbacks(trainer: Trainer, hook: str, *args: Any) -> None:
     """Call ``hook`` on every callback, with the trainer and its module first."""
     for cb in trainer.callbacks:
         getattr(cb, hook)(trainer, trainer.model, *args)
+
+
+def callback_hooks(trainer: Trainer, hook: str) -> list[Callable[..., Any]]:
+    """The bound ``hook`` of every callback whose class defines its own.
+
+    `Callback`'s hooks do nothing, so a loop that calls a hook on every batch resolves
+    once which callbacks have one and calls only those (with the trainer and module first).
+    """
+    return [
+        getattr(cb, hook)
+        for cb in trainer.callbacks
+        if getattr(type(cb), hook, None) is not getattr(Callback, hook) or hook in vars(cb)
+    ]
+
+
+def module_hook(model: Module, hook: str) -> Callable[..., Any] | None:
+    """``model``'s bound ``hook``, or None where it is `Module`'s own (which does nothing)."""
+    if getattr(type(model), hook, None) is getattr(Module, hook) and hook not in vars(model):
+        return None
+    method: Callable[..., Any] = getattr(model, hook)
+    return method
 
 
 def rank_zero_loggers(trainer: Trainer) -> list[Logger]:

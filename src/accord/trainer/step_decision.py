@@ -9,6 +9,7 @@ step makes the same single round trip it made for the skip decision alone.
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 
@@ -67,27 +68,36 @@ def decide_step(
     collective runs.
     """
     world_size = strategy.world_size
-    if loss is not None and check_loss:
+    device = strategy.root_device
+    local = (_SKIP if loss is None else 0) + (_SIGNAL if signalled else 0)
+    if loss is None or not check_loss:
+        bits: torch.Tensor | int = local
+    elif world_size == 1 or loss.device.type == "cpu":
+        # Reading a CPU loss costs nothing to wait for, and one rank reads its answer
+        # anyway: plain Python is far cheaper than a chain of tiny tensor ops.
+        bits = local + (0 if _finite(loss) else _NONFINITE)
+    else:
         # Stays on the loss's device: the one synchronisation is reading the result.
-        bits = (~torch.isfinite(loss.detach()).all()).to(torch.int32) * _NONFINITE
-    else:
-        bits = torch.zeros((), dtype=torch.int32, device=strategy.root_device)
-    bits = (
-        bits.to(strategy.root_device)
-        + (_SKIP if loss is None else 0)
-        + (_SIGNAL if signalled else 0)
-    )
+        finite = torch.isfinite(loss.detach()).all()
+        bits = (~finite).to(device, torch.int32) * _NONFINITE + local
     if world_size == 1:
-        flags = [int(bits.item())]
+        flags = [int(bits)]
     else:
-        slots = torch.zeros(world_size, dtype=torch.int32, device=strategy.root_device)
+        slots = torch.zeros(world_size, dtype=torch.int32, device=device)
         slots[strategy.global_rank] = bits
-        flags = [int(v) for v in strategy.reduce(slots, "sum").tolist()]
+        flags = strategy.reduce(slots, "sum").tolist()
     return StepDecision(
         skip=any(f & _SKIP for f in flags),
         nonfinite_ranks=tuple(r for r, f in enumerate(flags) if f & _NONFINITE),
         preempt_ranks=tuple(r for r, f in enumerate(flags) if f & _SIGNAL),
     )
+
+
+def _finite(loss: torch.Tensor) -> bool:
+    """Whether every element of ``loss`` is finite (a scalar is read as a Python number)."""
+    if loss.numel() == 1 and not loss.is_complex():
+        return math.isfinite(loss.item())
+    return bool(torch.isfinite(loss.detach()).all())
 
 
 def on_nonfinite(
