@@ -282,3 +282,21 @@ def test_batch_hooks_assigned_to_instances_run_on_every_batch(tmp_path: Path) ->
     )
     _trainer(tmp_path, [callback], max_epochs=1, limit_train_batches=2).fit(model, loader(16))
     assert calls == ["start 0", "after_backward", "end 0", "start 1", "after_backward", "end 1"]
+
+
+def test_progress_bar_shows_every_batch_and_the_prog_bar_metrics(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The bar ends each epoch at its batch count, with the last ``prog_bar=True`` values
+    (metrics are formatted only for the updates the bar draws)."""
+    trainer = _trainer(tmp_path, [], max_epochs=2, limit_train_batches=5, enable_progress_bar=True)
+    model = LinearModel()
+    trainer.fit(model, loader(16))
+    err = capsys.readouterr().err
+    for epoch in (0, 1):
+        assert re.search(rf"Epoch {epoch}: 100%.*5/5 .*train_loss_step=", err), err
+    # The last batch's loss, as the bar drew it at the end of the last epoch.
+    assert err.rstrip().endswith(
+        f"train_loss_step={model.losses[-1]:.4g}, train_loss_epoch="
+        f"{trainer.progress_bar_metrics['train_loss_epoch']:.4g}]"
+    ), err

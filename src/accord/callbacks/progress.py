@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
@@ -54,11 +55,17 @@ class ProgressBar(Callback):
     def _advance(self, trainer: Trainer, batch_idx: int) -> None:
         if self._bar is None:
             return
-        if (batch_idx + 1) % self.refresh_rate == 0 or self._bar.total == batch_idx + 1:
-            self._bar.update(batch_idx + 1 - self._bar.n)
+        bar = self._bar
+        last = bar.total == batch_idx + 1
+        if (batch_idx + 1) % self.refresh_rate and not last:
+            return
+        # tqdm redraws at most every `mininterval` seconds; the metrics are formatted only
+        # for an update that redraws, not on every batch.
+        if last or time.time() - bar.last_print_t >= bar.mininterval:
             metrics = {k: f"{v:.4g}" for k, v in trainer.progress_bar_metrics.items()}
             if metrics:
-                self._bar.set_postfix(metrics, refresh=False)
+                bar.set_postfix(metrics, refresh=False)
+        bar.update(batch_idx + 1 - bar.n)
 
     @override
     def on_train_epoch_start(self, trainer: Trainer, module: Module) -> None:
