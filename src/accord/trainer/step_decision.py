@@ -85,7 +85,7 @@ def decide_step(
     else:
         slots = torch.zeros(world_size, dtype=torch.int32, device=device)
         slots[strategy.global_rank] = bits
-        flags = strategy.reduce(slots, "sum").tolist()
+        flags = strategy.collective.all_reduce(slots, "sum", out=slots).tolist()
     return StepDecision(
         skip=any(f & _SKIP for f in flags),
         nonfinite_ranks=tuple(r for r, f in enumerate(flags) if f & _NONFINITE),
