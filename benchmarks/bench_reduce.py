@@ -224,7 +224,7 @@ def main() -> None:
             "µs",
             merged["decision"],
             threads=threads,
-            ratios=[("accord", "raw", 1.10), ("accord", "lightning", None)],
+            ratios=[("accord", "raw", 1.10, "paired"), ("accord", "lightning", None)],
             skipped=decision_skips,
             notes=[
                 note.format(calls=calls["decision"], rounds=rounds),

@@ -183,7 +183,7 @@ def section(
     samples: Mapping[str, Sequence[float]],
     *,
     threads: str,
-    ratios: Sequence[tuple[str, str, float | None]] = (),
+    ratios: Sequence[tuple[str, str, float | None] | tuple[str, str, float | None, str]] = (),
     skipped: Mapping[str, str] | None = None,
     notes: Sequence[str] = (),
     extra: Mapping[str, Any] | None = None,
@@ -191,14 +191,15 @@ def section(
     """One result table: a row per contestant and the ratios ``(numerator, denominator, goal)``.
 
     A ratio is the ratio of the medians; its spread is the IQR of the per-round ratios, which
-    pairs the samples taken side by side in the same round.
+    pairs the samples taken side by side in the same round. A fourth element ``"paired"``
+    judges the goal on the median of those per-round ratios instead.
     """
     rows = []
     for name, values in samples.items():
         summary = Summary.of(values)
         rows.append({"contestant": name, **summary.__dict__, "samples": list(values)})
     ratio_rows = []
-    for num, den, goal in ratios:
+    for num, den, goal, *judge in ratios:
         if num not in samples or den not in samples:
             continue
         top, bottom = samples[num], samples[den]
@@ -208,10 +209,14 @@ def section(
             {
                 "name": f"{num} / {den}",
                 "value": value,
+                "paired_median": paired.median,
                 "paired_q1": paired.q1,
                 "paired_q3": paired.q3,
                 "goal": goal,
-                "met": None if goal is None else value <= goal,
+                "judged_on": "paired median" if judge == ["paired"] else "ratio of medians",
+                "met": None
+                if goal is None
+                else (paired.median if judge == ["paired"] else value) <= goal,
             }
         )
     return {
@@ -322,14 +327,19 @@ def markdown(sections: Sequence[dict[str, Any]]) -> str:
         for ratio in sec["ratios"]:
             goal = ratio["goal"]
             verdict = "" if goal is None else (" met" if ratio["met"] else " **missed**")
-            target = "" if goal is None else f" (goal ≤ {goal:g}:{verdict})"
+            paired = ratio["judged_on"] == "paired median"
+            on = ", on the per-round median" if paired else ""
+            target = "" if goal is None else f" (goal ≤ {goal:g}{on}:{verdict})"
             lines.append(
-                f"- {ratio['name']}: **{ratio['value']:.3f}**, per-round IQR "
+                f"- {ratio['name']}: **{ratio['value']:.3f}**, per-round median "
+                f"{ratio['paired_median']:.3f}, IQR "
                 f"{ratio['paired_q1']:.3f} - {ratio['paired_q3']:.3f}{target}"
             )
             if goal is not None:
+                shown = ratio["paired_median"] if paired else ratio["value"]
+                name = ratio["name"] + (" (per-round median)" if paired else "")
                 goals.append(
-                    f"| {sec['title']} | {ratio['name']} | {ratio['value']:.3f} | ≤ {goal:g} | "
+                    f"| {sec['title']} | {name} | {shown:.3f} | ≤ {goal:g} | "
                     f"{'yes' if ratio['met'] else 'no'} |"
                 )
         for goal_row in sec.get("goal_rows", []):
