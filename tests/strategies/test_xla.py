@@ -25,6 +25,8 @@ import torch
 from models import CountingCollective, LinearModel, flat_weights, loader
 
 import accord
+from accord.callbacks import ModelCheckpoint
+from accord.checkpoint import describe_checkpoint
 from accord.engines.xla.collective import XLACollective
 from accord.engines.xla.environment import XLAEnvironment
 from accord.engines.xla.launcher import XLALauncher
@@ -502,3 +504,125 @@ def test_xla_strategies_agree_with_one_device() -> None:
     records = assert_strategies_agree(AgreeNet, agree_data, strategies, steps=4, accelerator="auto")
     assert list(records) == ["single_device", "xla", "single_xla", "xla_collective_sync"]
     assert records["xla"].samples == [list(range(8 * k, 8 * k + 8)) for k in range(4)]
+
+
+# ------------------------------------------------- checkpoints between strategies
+# tests/reliability/test_resume_matrix.py's fit: 96 samples in a global batch of 24 (2
+# ranks x 12 under "xla", 24 on one CPU device), Adam with an LR halved every epoch, 3
+# epochs; saved half-way through epoch 1 (step 6 of 12, by ModelCheckpoint(
+# every_n_train_steps=6)) under one strategy and resumed under the other. The resumed fit
+# ends with the uninterrupted run's weights, and the samples seen before and after the
+# save are the uninterrupted run's. "xla" sends its gradients through its collective
+# (gradient_sync="collective"): with Adam's state the native sync stops in XLA's
+# all-reduce rendezvous at two devices of the CPU runtime (see AgreeNet).
+#
+# Every fit's module is built here, in the test process, and handed to the ranks, as
+# Trainer.fit hands it to XLALauncher. The ranks are threads of one process sharing
+# torch's CPU generator: a module seeded and built in each rank draws its initial weights
+# while the other rank reseeds and draws, so rank 0 (whose weights sync_module_states
+# gives every rank) now and then starts from weights no seed gives.
+MOVE_SAMPLES, MOVE_BATCH, MOVE_EPOCHS, MOVE_SAVE_STEP = 96, 24, 3, 6
+
+
+class Recorder(accord.Module):
+    """Two linear layers trained with Adam (LR halved every epoch); records each sample's
+    index with the epoch it was trained in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(8, 13), torch.nn.Tanh(), torch.nn.Linear(13, 1)
+        )
+        self.seen: list[tuple[int, int]] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y, index = batch
+        epoch = self.trainer.current_epoch
+        self.seen.extend((epoch, int(i)) for i in index.tolist())
+        return torch.nn.functional.mse_loss(self.net(x).squeeze(-1), y)
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.Adam(self.parameters(), lr=0.01)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler}}
+
+
+def _move_data() -> torch.utils.data.TensorDataset:
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(MOVE_SAMPLES, 8, generator=generator)
+    y = x.sum(dim=1) + 0.1 * torch.randn(MOVE_SAMPLES, generator=generator)
+    return torch.utils.data.TensorDataset(x, y, torch.arange(MOVE_SAMPLES))
+
+
+def _cpu_state(model: Recorder) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu().clone() for k, v in model.net.state_dict().items()}
+
+
+def _move_fit(
+    rank: int,
+    world_size: int,
+    model: Recorder,
+    save: str | None = None,
+    ckpt_path: str | None = None,
+) -> dict[str, Any]:
+    """``model``'s fit under "xla" on ``world_size`` ranks (0: single_device on the CPU, in
+    this process); with ``save``, stopped at step 6 where ``save/saved.ckpt`` was written."""
+    if world_size:
+        devices = {"strategy": XLAStrategy(gradient_sync="collective"), "accelerator": "xla"}
+    else:
+        devices = {"strategy": "single_device", "accelerator": "cpu"}
+    saving = ModelCheckpoint(dirpath=save, filename="saved", every_n_train_steps=MOVE_SAVE_STEP)
+    trainer = _trainer(
+        devices=max(world_size, 1),
+        max_epochs=MOVE_EPOCHS,
+        max_steps=MOVE_SAVE_STEP if save else -1,
+        enable_checkpointing=save is not None,
+        callbacks=[saving] if save else [],
+        **devices,
+    )
+    start = _cpu_state(model)
+    data = torch.utils.data.DataLoader(_move_data(), batch_size=MOVE_BATCH // max(world_size, 1))
+    trainer.fit(model, data, ckpt_path=ckpt_path)
+    return {
+        "start": start,
+        "weights": _cpu_state(model),
+        "seen": model.seen,
+        "global_step": trainer.global_step,
+    }
+
+
+def _same_fit(
+    resumed: list[dict[str, Any]], saved: list[dict[str, Any]], full: dict[str, Any]
+) -> None:
+    for run in saved:
+        for key, value in full["start"].items():
+            torch.testing.assert_close(run["start"][key], value, rtol=0, atol=0)
+    seen = [pair for run in saved + resumed for pair in run["seen"]]
+    assert sorted(seen) == sorted(full["seen"])
+    before = [epoch for run in saved for epoch, _ in run["seen"]]
+    assert (before.count(0), before.count(1)) == (MOVE_SAMPLES, MOVE_SAMPLES // 2)
+    for run in resumed:
+        assert run["global_step"] == full["global_step"] == 12
+        assert run["weights"].keys() == full["weights"].keys()
+        for key, value in full["weights"].items():
+            torch.testing.assert_close(run["weights"][key], value, rtol=1e-5, atol=1e-5)
+
+
+def test_an_xla_checkpoint_resumes_on_one_cpu_device(tmp_path: Path) -> None:
+    full = _move_fit(0, 0, Recorder())
+    saved = run_xla_ranks(_move_fit, 2, tmp_path / "ranks", Recorder(), str(tmp_path / "saved"))
+    checkpoint = tmp_path / "saved" / "saved.ckpt"
+    described = describe_checkpoint(checkpoint)
+    assert (described["strategy"], described["world_size"]) == ("XLAStrategy", 2)
+    assert (described["global_step"], described["samples_consumed"]) == (MOVE_SAVE_STEP, 48)
+    resumed = _move_fit(0, 0, Recorder(), ckpt_path=str(checkpoint))
+    _same_fit([resumed], saved, full)
+
+
+def test_a_cpu_checkpoint_resumes_under_xla(tmp_path: Path) -> None:
+    full = _move_fit(0, 0, Recorder())
+    saved = _move_fit(0, 0, Recorder(), save=str(tmp_path / "saved"))
+    checkpoint = str(tmp_path / "saved" / "saved.ckpt")
+    resumed = run_xla_ranks(_move_fit, 2, tmp_path / "ranks", Recorder(), None, checkpoint)
+    _same_fit(resumed, [saved], full)

@@ -23,7 +23,12 @@ How the Trainer's loop maps onto XLA's lazy execution (`XLAStrategyBase`):
 Where ranks share a process (torch_xla's CPU runtime, several TPU cores per chip), every
 rank must build the same step program, as on any XLA runtime: keep rank-dependent Python
 branches out of the training step. XLA's CPU runtime also ends the process when one rank
-reaches a collective more than about 15 seconds after another.
+reaches a collective more than about 15 seconds after another. Such ranks also share
+torch's CPU random generator: a module that each rank seeds and builds in its own code
+draws its initial weights while the other ranks reseed and draw, so rank 0's weights
+(which ``sync_module_states`` gives every rank) need not be the ones the seed gives. Build
+the module before the ranks start, as ``trainer.fit(model)`` under `XLAStrategy` does (each
+rank unpickles its own copy).
 """
 
 from __future__ import annotations
