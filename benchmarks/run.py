@@ -25,6 +25,7 @@ SCRIPTS: list[tuple[str, list[str]]] = [
     ("bench_logging.py", []),
     ("bench_startup.py", []),
     ("bench_timeline.py", []),
+    ("bench_debug.py", []),
 ]
 
 

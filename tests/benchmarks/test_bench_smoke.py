@@ -27,9 +27,10 @@ SCRIPTS = {
     "logging": ["bench_logging.py"],
     "startup": ["bench_startup.py"],
     "timeline": ["bench_timeline.py"],
+    "debug": ["bench_debug.py"],
 }
 # Scripts that measure accord against itself (a feature on vs off), not against raw PyTorch.
-SELF_COMPARED = {"timeline"}
+SELF_COMPARED = {"debug", "timeline"}
 _RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT", "MASTER_ADDR", "GROUP_RANK")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import pickle
 from collections.abc import Callable
 from typing import Any
@@ -98,6 +99,18 @@ def _same_call_from_two_lines(c: Collective, rank: int) -> None:
     assert result.tolist() == [7.0, 7.0]
 
 
+def _sync_and_async(c: Collective, rank: int) -> None:
+    # Correct code: rank 0 starts the same small all_reduce asynchronously, which is not
+    # folded there, so every rank sends it the backend's way and both get the sum.
+    x = torch.tensor([float(rank + 1)])
+    started = c.all_reduce(x, "sum", async_op=True) if rank == 0 else None
+    result = c.all_reduce(x, "sum") if started is None else started.wait()
+    assert result.tolist() == [3.0]
+
+
+# Whether this tree's collectives take ``async_op`` yet.
+_ASYNC = "async_op" in inspect.signature(Collective.all_reduce).parameters
+
 _SCENARIOS: dict[str, Scenario] = {
     "shape": _shape,
     "dtype": _dtype,
@@ -110,6 +123,8 @@ _SCENARIOS: dict[str, Scenario] = {
     "invalid_op_on_one_rank": _invalid_op_on_one_rank,
     "same_call_from_two_lines": _same_call_from_two_lines,
 }
+if _ASYNC:
+    _SCENARIOS["sync_and_async"] = _sync_and_async
 
 
 def _run_scenarios(rank: int, world_size: int) -> dict[str, dict[str, Any]]:
@@ -243,6 +258,16 @@ def test_same_call_from_two_lines_passes_unless_strict(
         assert "differ in call site" in message
 
 
+@pytest.mark.skipif(not _ASYNC, reason="Collective.all_reduce takes no async_op here")
+def test_a_call_folded_on_one_rank_only_runs_the_backends_way_everywhere(
+    scenarios: list[dict[str, dict[str, Any]]],
+) -> None:
+    for rank, per_rank in enumerate(scenarios):
+        outcome = per_rank["sync_and_async"]
+        assert outcome["type"] is None, (rank, outcome)
+        assert outcome["after"] == 2.0
+
+
 # ------------------------------------------------------------- in one process
 def test_maybe_debug_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     plain = SingleDeviceCollective()
@@ -288,19 +313,168 @@ def test_wrapper_forwards_identity_and_pickles() -> None:
 
 
 class _PretendTwoRanks(SingleDeviceCollective):
-    """A world of 'two' whose reduce is the identity: enough to drive the check in-process."""
+    """A world of 'two' whose other rank sends what this one sends: enough to drive the
+    check in-process."""
 
     @property
     def world_size(self) -> int:
         return 2
 
     def _all_reduce_(self, buffer: torch.Tensor, op: Any) -> None:
-        pass
+        if buffer.dim() == 2:  # the check's rows: the other rank's row is this one's
+            buffer[1].copy_(buffer[0])
 
 
 def test_a_copy_does_not_share_the_check_buffer() -> None:
     c = DebugCollective(_PretendTwoRanks()).setup()
-    assert c.all_reduce(torch.ones(2)).tolist() == [1.0, 1.0]  # the check ran and agreed
+    # The check agreed and the sum was folded into it: this rank's ones, twice.
+    assert c.all_reduce(torch.ones(2)).tolist() == [2.0, 2.0]
     copied = pickle.loads(pickle.dumps(c))
     assert copied.__dict__["_slots"] is None
-    assert copied.all_reduce(torch.ones(2)).tolist() == [1.0, 1.0]
+    assert copied.all_reduce(torch.full((2,), 3.0)).tolist() == [6.0, 6.0]
+    assert c.all_reduce(torch.ones(2)).tolist() == [2.0, 2.0]
+
+
+# ------------------------------------------------- one round trip for small calls
+class _CountingGloo(TorchCollective):
+    """gloo, counting the primitives each call reaches (the real backend underneath)."""
+
+    def __init__(self) -> None:
+        super().__init__("gloo", timeout=_GLOO_TIMEOUT)
+        self.sent: dict[str, int] = {}
+
+    def _count(self, name: str) -> None:
+        self.sent[name] = self.sent.get(name, 0) + 1
+
+    def _all_reduce_(self, buffer: torch.Tensor, op: Any) -> None:
+        self._count("all_reduce")
+        super()._all_reduce_(buffer, op)
+
+    def _all_gather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
+        self._count("all_gather")
+        super()._all_gather_into(output, tensor)
+
+    def _broadcast_(self, buffer: torch.Tensor, src: int) -> None:
+        self._count("broadcast")
+        super()._broadcast_(buffer, src)
+
+
+_REDUCE_DTYPES = (
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.uint8,
+    torch.int8,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+)
+_OPS = ("sum", "mean", "max", "min", "product")
+
+
+def _inputs(rank: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """Per-rank values that overflow small integer types and round in low precision."""
+    g = torch.Generator().manual_seed(1000 * rank + len(shape) + _REDUCE_DTYPES.index(dtype))
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=g) > 0.5
+    if dtype.is_floating_point:
+        return (torch.randn(shape, generator=g, dtype=torch.float64) * 300).to(dtype)
+    info = torch.iinfo(dtype)
+    low, high = max(info.min, -(2**40)), min(info.max, 2**40)
+    return torch.randint(low, high, shape, generator=g, dtype=torch.int64).to(dtype)
+
+
+def _bits(result: torch.Tensor) -> tuple[str, tuple[int, ...], bytes]:
+    flat = result.detach().contiguous().reshape(-1)
+    return str(result.dtype), tuple(result.shape), bytes(flat.view(torch.uint8).tolist())
+
+
+def _outcome(fn: Callable[[], torch.Tensor]) -> Any:
+    try:
+        return _bits(fn())
+    except (TypeError, ValueError, RuntimeError) as err:
+        return type(err).__name__
+
+
+def _fold_against_backend(rank: int, world_size: int) -> dict[str, Any]:
+    """Every op, dtype and form through plain gloo and through the debug check: the bits."""
+    plain = TorchCollective("gloo", timeout=_GLOO_TIMEOUT).setup()
+    counting = _CountingGloo()
+    checked = DebugCollective(counting).setup()
+    mismatches: list[str] = []
+    touched: list[str] = []
+
+    def compare(label: str, run: Callable[[Collective], torch.Tensor]) -> None:
+        expected, got = _outcome(lambda: run(plain)), _outcome(lambda: run(checked))
+        if expected != got:
+            mismatches.append(f"{label}: backend {expected!r}, debug {got!r}")
+
+    try:
+        for dtype in _REDUCE_DTYPES:
+            for shape in ((), (3,), (2, 2), (0,), (40,)):  # (40,) of 8 bytes: too big to fold
+                x = _inputs(rank, dtype, shape)
+                before = _bits(x)
+                for op in _OPS:
+                    label = f"{op} {dtype} {shape}"
+                    compare(label, lambda c, x=x, op=op: c.all_reduce(x, op))
+                    compare(
+                        f"{label} out=",
+                        lambda c, x=x, op=op: c.all_reduce(
+                            x, op, out=torch.empty_like(plain.all_reduce(x, op))
+                        ),
+                    )
+                    compare(
+                        f"{label} in place",
+                        lambda c, x=x, op=op: c.all_reduce(y := x.clone(), op, out=y),
+                    )
+                if _bits(x) != before:
+                    touched.append(f"{dtype} {shape}")
+                compare(f"all_gather {dtype} {shape}", lambda c, x=x: c.all_gather(x))
+                compare(f"broadcast {dtype} {shape}", lambda c, x=x: c.broadcast(x, src=1))
+                compare(
+                    f"broadcast out= {dtype} {shape}",
+                    lambda c, x=x: c.broadcast(x, src=1, out=torch.empty_like(x)),
+                )
+        # Where the backend's order decides: NaN, and zeros of both signs under max/min.
+        special = torch.tensor(
+            [float("nan"), 1.0, 0.0, -0.0] if rank == 0 else [1.0, float("nan"), -0.0, 0.0]
+        )
+        for op in _OPS:
+            compare(f"{op} of NaN and signed zeros", lambda c, op=op: c.all_reduce(special, op))
+        # Transposed (not contiguous) input, and a wrong out= on every rank.
+        t = _inputs(rank, torch.float32, (2, 2)).t()
+        compare("sum of a transposed input", lambda c: c.all_reduce(t, "sum"))
+        compare("out= of the wrong dtype", lambda c: c.all_reduce(t, out=torch.empty(2, 2).long()))
+        # What travels for a scalar all_reduce: one all_gather, nothing else.
+        counting.sent.clear()
+        checked.all_reduce(torch.tensor(float(rank)), "sum")
+        checked.all_reduce(torch.tensor([rank], dtype=torch.int32), "max")
+        scalar_traffic = dict(counting.sent)
+        counting.sent.clear()
+        checked.all_reduce(torch.ones(64), "sum")
+        large_traffic = dict(counting.sent)
+    finally:
+        checked.teardown()
+        plain.teardown()
+    return {
+        "mismatches": mismatches,
+        "touched": touched,
+        "scalar": scalar_traffic,
+        "large": large_traffic,
+    }
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_folded_calls_give_the_backends_bits_in_one_round_trip(world_size: int) -> None:
+    for rank, result in enumerate(run_distributed(_fold_against_backend, world_size)):
+        assert result["mismatches"] == [], (rank, result["mismatches"])
+        assert result["touched"] == [], rank
+        # Two small all_reduces: one collective each, the check and the payload together ...
+        calls = 2
+        if world_size > 2:
+            # ... except a floating-point sum beyond two ranks: the check, then the backend.
+            calls += 1
+        assert sum(result["scalar"].values()) == calls, result["scalar"]
+        # 256 bytes do not fit the row: the check, then the backend's all_reduce.
+        assert sum(result["large"].values()) == 2, result["large"]

@@ -4,16 +4,30 @@ When one rank calls ``all_reduce`` on a tensor of shape ``[2]`` and another on `
 calls ``broadcast`` instead), a backend either hangs until its timeout or corrupts data.
 `DebugCollective` wraps any collective and, before each operation, compares a fingerprint
 of every rank's call (op, reduce op or src/dst, dtype, shape, a call counter and, in strict
-mode, the calling line) through one tiny collective. If the fingerprints agree, the
+mode, the calling line) through one small collective. If the fingerprints agree, the
 operation runs as usual; if not, the ranks exchange full descriptions and every rank raises
 `CollectiveMismatchError` naming what each rank called and from where. Nothing of the real
-operation is sent, so the group stays usable.
+operation is used, so the group stays usable.
 
-The comparison is a single ``all_reduce(MAX)`` of ``[digest, -digest]`` (two int64s, no
-pickling): every rank sent the same digest exactly when ``max == min``. On gloo that was
-measurably cheaper than all-gathering the fingerprints (two back-to-back all_reduces
-pipeline better than an all_gather followed by an all_reduce), and its size does not grow
-with the world size.
+The comparison is one collective of a fixed-size int64 row per rank (no pickling; the
+layout is in `accord.core.wrappers.debug_fingerprint`): the fingerprint, how the call
+travels, and room for 64 bytes of payload. With up to 8 ranks the rows travel as one
+``all_reduce(SUM)`` of a ``[world_size, row]`` buffer in which each rank fills only its own
+row (on gloo a small all-reduce is cheaper than an all-gather), beyond that as an
+``all_gather``. Every rank sends a row of the same size whatever it calls, so ranks that
+disagree (another shape, another op, a payload too large for the row) still meet in the same
+collective and see each other's fingerprints.
+
+A small ``all_reduce``, ``all_gather`` or ``broadcast`` carries its payload in the row: once
+the fingerprints agree, the result is computed from the gathered rows, so the call costs one
+round trip instead of two. The local result is exactly the backend's: bytes are moved as
+they are; integer and bool reductions, ``max`` and ``min`` do not depend on the order of the
+operands; floating-point ``sum``, ``mean`` and ``product`` are folded only in a world of two,
+where one addition or multiplication has no order. A floating-point payload holding a NaN
+(or, for ``max``/``min``, a zero of both signs) is reduced by the backend instead, as a
+second collective, since its result there depends on the order of the operands. Larger
+payloads, ``async_op=True`` and every other op send the row without a payload and then run
+the real operation; so does every rank when any rank sent the call without its payload.
 
 Turn it on for a whole run with ``ACCORD_DEBUG_COLLECTIVES=1`` (strategies wrap their
 collective through `accord.core.wrappers.policy.maybe_debug`), or wrap a collective by hand.
@@ -22,22 +36,34 @@ collective through `accord.core.wrappers.policy.maybe_debug`), or wrap a collect
 from __future__ import annotations
 
 import array
+import ctypes
+import functools
 import pickle
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 from typing_extensions import Self, override
 
-from accord.core.collective import Collective, ReduceOp
+from accord.core.buffers import check_out, finish
+from accord.core.collective import Collective, ReduceOp, ReduceOpLike
+from accord.core.reduce_op import OP_SPELLINGS, reduce_dtypes
 from accord.core.wrappers.debug_fingerprint import (
+    _CHECK_ONLY,
     _DEFAULT_FIELDS,
     _DTYPE_IDS,
+    _FOLDED,
+    _HEADER_WORDS,
     _INVALID,
     _NONE,
     _OP_IDS,
+    _ORDERED,
+    _PAYLOAD_BYTES,
     _REDUCE_IDS,
+    _REDUCIBLE,
+    _ROW_WORDS,
     _STRICT_FIELDS,
+    _SUMMED_RANKS,
     _TENSOR_OPS,
     _crc,
     _digest,
@@ -59,12 +85,18 @@ class DebugCollective(CollectiveWrapper):
     """A collective that checks, before every operation, that all ranks called the same one.
 
     Each public operation (tensor ops, ``barrier``, object ops) is first compared across
-    ranks by one ``all_reduce(MAX)`` of two int64s through the wrapped collective's
-    primitive: one extra tiny collective per call, no pickling. ``send``/``recv`` swap
-    their 9-int fingerprint with the peer instead (two small point-to-point messages).
-    On a difference every rank raises `CollectiveMismatchError` naming each rank's op,
-    shape, dtype, arguments and calling ``file:line``; the real operation is not started.
-    With a world of one there is nothing to compare and no extra traffic.
+    ranks by one collective of a fixed-size int64 row per rank through the wrapped
+    collective's primitives, no pickling. A small ``all_reduce``, ``all_gather`` or ``broadcast`` (at most
+    64 bytes per rank) travels in that row and is completed from the gathered rows: one
+    round trip in all, and the same result as the backend's. Other calls run after the
+    check: one extra small collective per call. ``send``/``recv`` swap their 9-int
+    fingerprint with the peer instead (two small point-to-point messages). On a difference
+    every rank raises `CollectiveMismatchError` naming each rank's op, shape, dtype,
+    arguments and calling ``file:line``; the real operation is not started. With a world of
+    one there is nothing to compare and no extra traffic.
+
+    A folded call still goes through the wrappers inside this one (a recorder records it,
+    statistics count it); only its communication is this wrapper's own.
 
     Args:
         inner: the collective to check (any backend).
@@ -79,7 +111,8 @@ class DebugCollective(CollectiveWrapper):
         self._calls = 0
         self._peer_calls: dict[int, int] = {}
         self._device: torch.device | None = None  # object_device, looked up once per setup
-        self._slots: tuple[array.array[int], torch.Tensor] | None = None
+        # The check's rows on the CPU, over a reused array (made on first use after setup).
+        self._slots: _Rows | None = None
 
     @property
     def calls_checked(self) -> int:
@@ -94,31 +127,94 @@ class DebugCollective(CollectiveWrapper):
 
     @override
     def setup(self, **kwargs: Any) -> Self:
-        self._device = None
+        self._device = self._slots = None
         return super().setup(**kwargs)
 
     @override
     def teardown(self) -> Self:
-        self._device = None
+        self._device = self._slots = None
         return super().teardown()
+
+    # ------------------------------------------------------- ops that can fold
+    @override
+    def all_reduce(
+        self,
+        tensor: torch.Tensor,
+        op: ReduceOpLike = "sum",
+        *,
+        out: torch.Tensor | None = None,
+        **options: Any,
+    ) -> Any:
+        if options and (set(options) != {"async_op"} or options["async_op"]):
+            # An asynchronous call: the check, then the inner collective's own handle.
+            return super().all_reduce(tensor, op, out=out, **options)
+        return self._check(
+            OpCall("all_reduce", tensor, reduce_op=op),
+            lambda: self._inner.all_reduce(tensor, op, out=out),
+            out,
+            fold=True,
+        )
+
+    @override
+    def broadcast(
+        self, tensor: torch.Tensor, src: int = 0, *, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return self._check(
+            OpCall("broadcast", tensor, root=src),
+            lambda: self._inner.broadcast(tensor, src, out=out),
+            out,
+            fold=True,
+        )
+
+    @override
+    def all_gather(self, tensor: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+        return self._check(
+            OpCall("all_gather", tensor),
+            lambda: self._inner.all_gather(tensor, out=out),
+            out,
+            fold=True,
+        )
 
     # ------------------------------------------------------------------ the hook
     @override
     def _run(self, call: OpCall, perform: Callable[[], _T]) -> _T:
+        return self._check(call, perform, None, fold=False)
+
+    def _check(
+        self,
+        call: OpCall,
+        perform: Callable[[], _T],
+        out: torch.Tensor | None,
+        *,
+        fold: bool,
+    ) -> _T:
+        """Compare ``call`` across ranks, then run it: folded into the check where it can be."""
         self._require_setup(call.op)
         if call.is_point_to_point:
             return self._run_point_to_point(call, perform)
         self._calls += 1
-        if self._inner.world_size == 1:
+        world_size = self._inner.world_size
+        if world_size == 1:
             return perform()
         # The calling line is only part of the fingerprint in strict mode; otherwise it is
         # looked up only to describe a mismatch.
         site = call_site()[0] if self.compare_call_sites else None
         values, error = self._fingerprint(call, site, self._calls)
-        if self._all_agree(values):
+        mode = _CHECK_ONLY
+        if fold and error is None and _foldable(call, world_size):
+            mode = _FOLDED
+        payload = call.tensor if mode == _FOLDED else None
+        agreed, rows = self._exchange(values, mode, payload)
+        if agreed:
             if error is not None:
                 raise error  # every rank made the same invalid call: each raises its own
-            return perform()
+            if rows is None:
+                return perform()
+            compute = self._complete(call, rows, out)
+            if compute is None:
+                return perform()  # the backend's result depends on the operands' order
+            # The folded op's result is the one ``perform`` would have returned.
+            return cast(_T, self._through_inner(call, compute))
         site, via = _where()
         description = self._describe(call, site, via, self._calls, error)
         # The base class's object op runs on this wrapper's primitives, unseen by inner
@@ -174,7 +270,7 @@ class DebugCollective(CollectiveWrapper):
                 self._check_ready(call.op, tensor)
             if call.reduce_op is not None:
                 argument = _INVALID
-                argument = _REDUCE_IDS[ReduceOp.parse(call.reduce_op)]
+                argument = _REDUCE_IDS[_parsed(call.reduce_op)]
             if call.root is not None:
                 argument = call.root if _is_int(call.root) else _INVALID
                 self._check_rank("dst" if call.op in ("gather", "send") else "src", call.root)
@@ -187,7 +283,7 @@ class DebugCollective(CollectiveWrapper):
         if isinstance(tensor, torch.Tensor):
             dtype = _DTYPE_IDS.get(tensor.dtype) or _crc(str(tensor.dtype))
             ndim = tensor.dim()
-            shape = _crc(repr(tuple(tensor.shape)))
+            shape = _shape_id(tensor.shape)
         else:
             dtype = _NONE if tensor is None else _INVALID
             ndim = shape = _NONE
@@ -202,25 +298,115 @@ class DebugCollective(CollectiveWrapper):
             device = self._device = self.object_device
         return device
 
-    def _all_agree(self, values: list[int]) -> bool:
-        """Whether every rank's fingerprint equals this one: one tiny all_reduce(MAX)."""
+    def _rows(self, world_size: int) -> _Rows:
+        """The check's CPU buffer for ``world_size`` ranks, made once and reused."""
+        rows = self._slots
+        if rows is None or rows.world_size != world_size:
+            rows = self._slots = _Rows(self._inner.rank, world_size)
+        return rows
+
+    def _exchange(
+        self, values: list[int], mode: int, payload: torch.Tensor | None
+    ) -> tuple[bool, _Rows | torch.Tensor | None]:
+        """Gather every rank's row. Returns whether every fingerprint equals this one and,
+        when every rank folded its call, where to read every rank's payload: the reused
+        buffer (`_Rows`), or the gathered rows copied to the CPU."""
+        world_size = self._inner.world_size
+        rows = self._rows(world_size)
+        every = rows.every
+        ctypes.memset(rows.address, 0, rows.nbytes)
+        base = rows.rank * _ROW_WORDS
         width = _STRICT_FIELDS if self.compare_call_sites else _DEFAULT_FIELDS
-        digest = _digest(values[:width])
+        digest = every[base] = _digest(values[:width])
+        every[base + 1] = mode
+        if payload is not None:
+            nbytes = payload.numel() * payload.element_size()
+            start = (base + _HEADER_WORDS) * 8
+            if (
+                payload.is_cpu
+                and payload.is_contiguous()
+                and not (payload.is_conj() or payload.is_neg())
+            ):
+                ctypes.memmove(rows.address + start, payload.data_ptr(), nbytes)
+            else:
+                flat = payload.resolve_conj().resolve_neg().reshape(-1).view(torch.uint8)
+                rows.gathered.view(-1).view(torch.uint8)[start : start + nbytes].copy_(flat)
         device = self._object_device()
         # The primitive, not the public op: wrappers inside this one do not see the check.
         if device.type == "cpu":
-            # A tensor over a reused Python array: no allocation and no tolist() per call.
-            if self._slots is None:
-                slots = array.array("q", [0, 0])
-                self._slots = (slots, torch.frombuffer(slots, dtype=torch.int64))
-            slots, both = self._slots
-            slots[0], slots[1] = digest, -digest
-            self._all_reduce_(both, ReduceOp.MAX)
-            return slots[0] == -slots[1]
-        both = torch.tensor([digest, -digest], dtype=torch.int64, device=device)
-        self._all_reduce_(both, ReduceOp.MAX)
-        highest, negated_lowest = both.tolist()
-        return bool(highest == -negated_lowest)
+            self._gather_rows(rows.gathered, rows.rank)
+            starts = range(0, world_size * _ROW_WORDS, _ROW_WORDS)
+            agreed = all(every[r] == digest for r in starts)
+            folded = all(every[r + 1] == _FOLDED for r in starts)
+            where: _Rows | torch.Tensor = rows
+        else:
+            gathered = rows.gathered.to(device)
+            self._gather_rows(gathered, rows.rank)
+            where = gathered.cpu()
+            headers = where[:, :_HEADER_WORDS].tolist()
+            agreed = all(row[0] == digest for row in headers)
+            folded = all(row[1] == _FOLDED for row in headers)
+        # A rank that sent its call without the payload (too large there, asynchronous, on
+        # another kind of device) makes every rank run the real operation next.
+        if not (agreed and folded) or payload is None:
+            return agreed, None
+        return True, where
+
+    def _gather_rows(self, rows: torch.Tensor, rank: int) -> None:
+        """Fill every rank's row of ``rows`` (``[world_size, _ROW_WORDS]`` int64, zero but
+        for this rank's row) with that rank's, in place, in one collective."""
+        if rows.shape[0] <= _SUMMED_RANKS:
+            # A sum where every other rank sent zeros: each rank's words arrive unchanged.
+            self._all_reduce_(rows, ReduceOp.SUM)
+        else:
+            self._all_gather_into(rows, rows[rank].clone())
+
+    def _complete(
+        self, call: OpCall, where: _Rows | torch.Tensor, out: torch.Tensor | None
+    ) -> Callable[[], Any] | None:
+        """The folded call's result from every rank's payload, as a function to run under
+        the inner wrappers; None where the backend's result could differ."""
+        tensor: torch.Tensor = call.tensor
+        # [world_size, *shape] and its rows: on the CPU views of the reused buffer, only read.
+        if isinstance(where, _Rows):
+            values, rows = where.values(tensor.dtype, tensor.shape)
+        else:
+            values = _values(where, tensor.dtype, tensor.shape)
+            rows = values.unbind(0)
+        if not tensor.is_cpu:
+            values = values.to(tensor.device)
+            rows = values.unbind(0)
+        if call.op == "all_gather":
+            return functools.partial(_into, values, out, tensor)
+        if call.op == "broadcast":
+            return functools.partial(_into, rows[call.root], out, tensor)
+        op = _parsed(call.reduce_op)
+        result_dtype, work_dtype = reduce_dtypes(tensor.dtype, op)
+        if values.dtype != work_dtype:
+            values = values.to(work_dtype)
+            rows = values.unbind(0)
+        # In rank order, into a new tensor (never the reused buffer).
+        combine = _COMBINE[op]
+        work = combine(rows[0], rows[1])
+        for row in rows[2:]:
+            combine(work, row, out=work)
+        if work.is_floating_point() and _order_matters(work, values, op):
+            return None
+        return functools.partial(_finish, work, out, tensor, result_dtype, op, len(rows))
+
+    def _through_inner(self, call: OpCall, compute: Callable[[], _T]) -> _T:
+        """Run ``compute`` as the operation of every wrapper inside this one, outermost first."""
+        layer = self._inner
+        if not isinstance(layer, CollectiveWrapper):
+            return compute()
+        layers: list[CollectiveWrapper] = []
+        while isinstance(layer, CollectiveWrapper):
+            layers.append(layer)
+            layer = layer.inner
+        run = compute
+        for wrapper in reversed(layers):
+            run = functools.partial(wrapper._run, call, run)
+        return run()
 
     def _describe(
         self,
@@ -286,3 +472,135 @@ class DebugCollective(CollectiveWrapper):
         received = receive()
         send()
         return received
+
+
+class _Rows:
+    """The check's reused CPU buffer for one world size: every rank's row, as an array and
+    as a ``[world_size, _ROW_WORDS]`` tensor over it, and typed views of the payloads."""
+
+    __slots__ = ("_views", "address", "every", "gathered", "nbytes", "rank", "world_size")
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.every = array.array("q", bytes(8 * _ROW_WORDS * world_size))
+        self.address: int = self.every.buffer_info()[0]
+        self.nbytes = 8 * _ROW_WORDS * world_size
+        self.gathered = torch.frombuffer(self.every, dtype=torch.int64).view(world_size, _ROW_WORDS)
+        self._views: dict[
+            tuple[torch.dtype, torch.Size], tuple[torch.Tensor, tuple[torch.Tensor, ...]]
+        ] = {}
+
+    def values(
+        self, dtype: torch.dtype, shape: torch.Size
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """Every rank's payload as ``[world_size, *shape]`` of ``dtype``, and its rows:
+        views of the gathered rows, made once per dtype and shape."""
+        key = (dtype, shape)
+        views = self._views.get(key)
+        if views is None:
+            if len(self._views) > 256:
+                self._views.clear()
+            values = _values(self.gathered, dtype, shape)
+            views = self._views[key] = (values, values.unbind(0))
+        return views
+
+
+def _values(gathered: torch.Tensor, dtype: torch.dtype, shape: torch.Size) -> torch.Tensor:
+    """The payloads in gathered rows (``[world_size, _ROW_WORDS]`` int64) as
+    ``[world_size, *shape]`` of ``dtype``."""
+    area = gathered.view(torch.uint8)[:, _HEADER_WORDS * 8 :].view(dtype)
+    return area[:, : shape.numel()].view((gathered.shape[0], *shape))
+
+
+_SHAPE_IDS: dict[torch.Size, int] = {}
+
+
+def _shape_id(shape: torch.Size) -> int:
+    """The fingerprint's shape field: a CRC of the shape, remembered for the shapes seen."""
+    found = _SHAPE_IDS.get(shape)
+    if found is None:
+        if len(_SHAPE_IDS) > 4096:
+            _SHAPE_IDS.clear()
+        found = _SHAPE_IDS[shape] = _crc(repr(tuple(shape)))
+    return found
+
+
+def _parsed(op: ReduceOpLike) -> ReduceOp:
+    """`ReduceOp.parse`, with the exact spellings looked up first (as `Collective` does)."""
+    found = OP_SPELLINGS.get(op) if isinstance(op, str) else None
+    return ReduceOp.parse(op) if found is None else found
+
+
+def _foldable(call: OpCall, world_size: int) -> bool:
+    """Whether ``call`` (valid on this rank) travels in the check's row: decided from fields
+    of the fingerprint (op, reduce op, dtype, size) and the tensor's kind of device. Ranks
+    that decide differently see it in the gathered rows and all run the real operation."""
+    tensor = call.tensor
+    if (
+        not isinstance(tensor, torch.Tensor)
+        or tensor.layout is not torch.strided
+        or not (tensor.is_cpu or tensor.is_cuda)
+        or tensor.dtype not in _DTYPE_IDS
+        or tensor.numel() * tensor.element_size() > _PAYLOAD_BYTES
+    ):
+        return False
+    if call.op != "all_reduce":
+        return True  # bytes moved as they are
+    if tensor.dtype not in _REDUCIBLE:
+        return False
+    ordered = tensor.is_floating_point() and _parsed(call.reduce_op) in _ORDERED
+    return world_size == 2 or not ordered
+
+
+def _order_matters(work: torch.Tensor, values: torch.Tensor, op: ReduceOp) -> bool:
+    """Whether reducing the floating-point ``values`` (one row per rank, reduced to
+    ``work`` here) could give another result in another order: a NaN (which payload
+    survives; a NaN anywhere makes ``work`` NaN), or for max and min a zero of both signs at
+    one position (which one wins)."""
+    extreme = op in (ReduceOp.MAX, ReduceOp.MIN)
+    if work.numel() == 1:
+        value = work.item()
+        if value != value:
+            return True
+        if value != 0 or not extreme:
+            return False
+    elif bool(work.isnan().any()):
+        return True
+    elif not extreme or not bool((work == 0).any()):
+        return False
+    zeros = values == 0
+    negative = zeros & torch.signbit(values)
+    return bool((negative.any(0) & (zeros & ~negative).any(0)).any())
+
+
+_COMBINE: dict[ReduceOp, Callable[..., torch.Tensor]] = {
+    ReduceOp.SUM: torch.add,
+    ReduceOp.MEAN: torch.add,  # divided by the world size afterwards, as the backend's path
+    ReduceOp.MAX: torch.maximum,
+    ReduceOp.MIN: torch.minimum,
+    ReduceOp.PRODUCT: torch.mul,
+}
+
+
+def _finish(
+    work: torch.Tensor,
+    out: torch.Tensor | None,
+    tensor: torch.Tensor,
+    result_dtype: torch.dtype,
+    op: ReduceOp,
+    world_size: int,
+) -> torch.Tensor:
+    """A folded all_reduce's result from the reduced ``work``: the backend path's final
+    division, cast and ``out=`` rules (`accord.core.buffers.finish`)."""
+    if out is not None:
+        check_out(out, tensor.shape, result_dtype, tensor.device)
+    return finish(work, out, result_dtype, op, world_size)
+
+
+def _into(result: torch.Tensor, out: torch.Tensor | None, tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of ``result`` (gathered rows or the source's row), or ``out`` filled with it."""
+    if out is None:
+        return result.clone(memory_format=torch.contiguous_format)
+    check_out(out, result.shape, tensor.dtype, tensor.device)
+    return out.copy_(result)
