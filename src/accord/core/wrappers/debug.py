@@ -11,10 +11,8 @@ operation is used, so the group stays usable.
 
 The comparison is one collective of a fixed-size int64 row per rank (no pickling; the
 layout is in `accord.core.wrappers.debug_fingerprint`): the fingerprint, how the call
-travels, and room for 64 bytes of payload. With up to 8 ranks the rows travel as one
-``all_reduce(SUM)`` of a ``[world_size, row]`` buffer in which each rank fills only its own
-row (on gloo a small all-reduce is cheaper than an all-gather), beyond that as an
-``all_gather``. Every rank sends a row of the same size whatever it calls, so ranks that
+travels, and room for 64 bytes of payload, all-gathered. Every rank sends a row of the
+same size whatever it calls, so ranks that
 disagree (another shape, another op, a payload too large for the row) still meet in the same
 collective and see each other's fingerprints.
 
@@ -63,7 +61,6 @@ from accord.core.wrappers.debug_fingerprint import (
     _REDUCIBLE,
     _ROW_WORDS,
     _STRICT_FIELDS,
-    _SUMMED_RANKS,
     _TENSOR_OPS,
     _crc,
     _digest,
@@ -302,26 +299,24 @@ class DebugCollective(CollectiveWrapper):
         """The check's CPU buffer for ``world_size`` ranks, made once and reused."""
         rows = self._slots
         if rows is None or rows.world_size != world_size:
-            rows = self._slots = _Rows(self._inner.rank, world_size)
+            rows = self._slots = _Rows(world_size)
         return rows
 
     def _exchange(
         self, values: list[int], mode: int, payload: torch.Tensor | None
     ) -> tuple[bool, _Rows | torch.Tensor | None]:
-        """Gather every rank's row. Returns whether every fingerprint equals this one and,
+        """All-gather every rank's row. Returns whether every fingerprint equals this one and,
         when every rank folded its call, where to read every rank's payload: the reused
         buffer (`_Rows`), or the gathered rows copied to the CPU."""
         world_size = self._inner.world_size
         rows = self._rows(world_size)
-        every = rows.every
-        ctypes.memset(rows.address, 0, rows.nbytes)
-        base = rows.rank * _ROW_WORDS
+        mine = rows.mine
         width = _STRICT_FIELDS if self.compare_call_sites else _DEFAULT_FIELDS
-        digest = every[base] = _digest(values[:width])
-        every[base + 1] = mode
+        digest = mine[0] = _digest(values[:width])
+        mine[1] = mode
         if payload is not None:
             nbytes = payload.numel() * payload.element_size()
-            start = (base + _HEADER_WORDS) * 8
+            start = _HEADER_WORDS * 8
             if (
                 payload.is_cpu
                 and payload.is_contiguous()
@@ -330,18 +325,19 @@ class DebugCollective(CollectiveWrapper):
                 ctypes.memmove(rows.address + start, payload.data_ptr(), nbytes)
             else:
                 flat = payload.resolve_conj().resolve_neg().reshape(-1).view(torch.uint8)
-                rows.gathered.view(-1).view(torch.uint8)[start : start + nbytes].copy_(flat)
+                rows.own.view(torch.uint8)[start : start + nbytes].copy_(flat)
         device = self._object_device()
         # The primitive, not the public op: wrappers inside this one do not see the check.
         if device.type == "cpu":
-            self._gather_rows(rows.gathered, rows.rank)
+            self._all_gather_into(rows.gathered, rows.own)
+            every = rows.every
             starts = range(0, world_size * _ROW_WORDS, _ROW_WORDS)
             agreed = all(every[r] == digest for r in starts)
             folded = all(every[r + 1] == _FOLDED for r in starts)
             where: _Rows | torch.Tensor = rows
         else:
-            gathered = rows.gathered.to(device)
-            self._gather_rows(gathered, rows.rank)
+            gathered = torch.empty((world_size, _ROW_WORDS), dtype=torch.int64, device=device)
+            self._all_gather_into(gathered, rows.own.to(device))
             where = gathered.cpu()
             headers = where[:, :_HEADER_WORDS].tolist()
             agreed = all(row[0] == digest for row in headers)
@@ -351,15 +347,6 @@ class DebugCollective(CollectiveWrapper):
         if not (agreed and folded) or payload is None:
             return agreed, None
         return True, where
-
-    def _gather_rows(self, rows: torch.Tensor, rank: int) -> None:
-        """Fill every rank's row of ``rows`` (``[world_size, _ROW_WORDS]`` int64, zero but
-        for this rank's row) with that rank's, in place, in one collective."""
-        if rows.shape[0] <= _SUMMED_RANKS:
-            # A sum where every other rank sent zeros: each rank's words arrive unchanged.
-            self._all_reduce_(rows, ReduceOp.SUM)
-        else:
-            self._all_gather_into(rows, rows[rank].clone())
 
     def _complete(
         self, call: OpCall, where: _Rows | torch.Tensor, out: torch.Tensor | None
@@ -475,17 +462,17 @@ class DebugCollective(CollectiveWrapper):
 
 
 class _Rows:
-    """The check's reused CPU buffer for one world size: every rank's row, as an array and
-    as a ``[world_size, _ROW_WORDS]`` tensor over it, and typed views of the payloads."""
+    """The check's reused CPU buffers for one world size: this rank's row and every rank's
+    rows, each as an array and a tensor over it, and typed views of the payloads."""
 
-    __slots__ = ("_views", "address", "every", "gathered", "nbytes", "rank", "world_size")
+    __slots__ = ("_views", "address", "every", "gathered", "mine", "own", "world_size")
 
-    def __init__(self, rank: int, world_size: int) -> None:
-        self.rank = rank
+    def __init__(self, world_size: int) -> None:
         self.world_size = world_size
+        self.mine = array.array("q", bytes(8 * _ROW_WORDS))
+        self.address: int = self.mine.buffer_info()[0]
+        self.own = torch.frombuffer(self.mine, dtype=torch.int64)
         self.every = array.array("q", bytes(8 * _ROW_WORDS * world_size))
-        self.address: int = self.every.buffer_info()[0]
-        self.nbytes = 8 * _ROW_WORDS * world_size
         self.gathered = torch.frombuffer(self.every, dtype=torch.int64).view(world_size, _ROW_WORDS)
         self._views: dict[
             tuple[torch.dtype, torch.Size], tuple[torch.Tensor, tuple[torch.Tensor, ...]]

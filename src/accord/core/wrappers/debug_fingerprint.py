@@ -71,24 +71,20 @@ _STRICT_FIELDS = 9
 _NONE = -1
 _INVALID = -2
 
-# The check's wire format: every rank sends one int64 row of the same fixed size, whatever
-# it calls, and receives every rank's. Word 0 is a 56-bit digest of the compared fields of
-# the fingerprint above (_DEFAULT_FIELDS, or _STRICT_FIELDS with call sites), word 1 how the
-# call travels (_CHECK_ONLY: the real operation follows as a second collective; _FOLDED: the
-# payload is in this row and the result is computed from the gathered rows), then
-# _PAYLOAD_BYTES for a small payload's raw bytes, zero-padded. Ranks agree when their digests
-# do; a call is folded only when every rank's word 1 says _FOLDED, else every rank runs the
-# real operation. The row is kept short: on gloo a small all-reduce's latency grows once it
-# passes a few dozen words.
+# The check's wire format: every rank all-gathers one int64 row of the same fixed size,
+# whatever it calls. Word 0 is a 56-bit digest of the compared fields of the fingerprint
+# above (_DEFAULT_FIELDS, or _STRICT_FIELDS with call sites), word 1 how the call travels
+# (_CHECK_ONLY: the real operation follows as a second collective; _FOLDED: the payload is in
+# this row and the result is computed from the gathered rows), then room for _PAYLOAD_BYTES
+# of a small payload's raw bytes (only the payload's own bytes are read). Ranks agree when
+# their digests do; a call is folded only when every rank's word 1 says _FOLDED, else every
+# rank runs the real operation. The row is kept short: on gloo an all-gather's latency grows
+# with it.
 _HEADER_WORDS = 2
 _PAYLOAD_BYTES = 64
 _ROW_WORDS = _HEADER_WORDS + _PAYLOAD_BYTES // 8
 _CHECK_ONLY = 1
 _FOLDED = 2
-# Up to this many ranks the rows travel as one all_reduce(SUM) of [world_size, row] int64s,
-# each rank's row filled in and the others zero (on gloo a small all_reduce is cheaper than an
-# all_gather); beyond it, where that buffer grows with the world, as an all_gather.
-_SUMMED_RANKS = 8
 # The dtypes an all_reduce is folded for: those gloo and nccl reduce (int16, complex and the
 # unsigned types beyond uint8 take the check-only way, where the backend decides).
 _REDUCIBLE = frozenset(
