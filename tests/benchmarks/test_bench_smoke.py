@@ -23,6 +23,7 @@ SCRIPTS = {
     "import": ["bench_import.py"],
     "fit_1": ["bench_fit.py", "--ranks", "1"],
     "fit_2": ["bench_fit.py", "--ranks", "2"],
+    "grad_sync": ["bench_grad_sync.py"],
     "reduce": ["bench_reduce.py"],
     "logging": ["bench_logging.py"],
     "startup": ["bench_startup.py"],
@@ -30,7 +31,7 @@ SCRIPTS = {
     "debug": ["bench_debug.py"],
 }
 # Scripts that measure accord against itself (a feature on vs off), not against raw PyTorch.
-SELF_COMPARED = {"debug", "timeline"}
+SELF_COMPARED = {"debug", "grad_sync", "timeline"}
 _RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT", "MASTER_ADDR", "GROUP_RANK")
 
 

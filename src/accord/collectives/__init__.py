@@ -7,7 +7,7 @@ wrappers (`DebugCollective`, `InstrumentedCollective`, `WatchdogCollective`) wor
 collective.
 """
 
-from accord.core.collective import Collective, ReduceOp, ReduceOpLike
+from accord.core.collective import Collective, CollectiveHandle, ReduceOp, ReduceOpLike
 from accord.core.lazy import lazy_exports
 from accord.core.process_group import ProcessGroupCollective
 from accord.core.wrappers.debug import DebugCollective
@@ -29,6 +29,7 @@ __getattr__ = lazy_exports(
 
 __all__ = [
     "Collective",
+    "CollectiveHandle",
     "CollectiveStats",
     "CollectiveWrapper",
     "DebugCollective",

@@ -7,22 +7,32 @@ promises on every backend: inputs are never modified, results land on the input'
 (or in a caller-owned ``out=`` tensor), ``mean`` of an integer tensor is a float, op names
 are parsed in one place (`accord.core.reduce_op`), and objects travel as pickled bytes on the
 backend's own primitives (`accord.core.objects`), without numpy.
+
+``all_reduce(..., async_op=True)`` returns a `CollectiveHandle` at once. A backend with an
+asynchronous form overrides `_all_reduce_async_`; on any other, the synchronous primitive
+runs at the call and the handle is already complete. A subclass written before the
+asynchronous form existed keeps working with it unchanged (see `Collective`).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, ClassVar, Literal, overload
 
 import torch
 from typing_extensions import Self
 
 from accord.core.buffers import check_out, finish, same_memory, work_buffer
+from accord.core.handle import CollectiveHandle
 from accord.core.objects import all_gather_object, broadcast_object
 from accord.core.reduce_op import OP_SPELLINGS, ReduceOp, ReduceOpLike, reduce_dtypes
 from accord.errors import CollectiveNotSetupError
 
-__all__ = ["Collective", "ReduceOp", "ReduceOpLike"]
+__all__ = ["Collective", "CollectiveHandle", "ReduceOp", "ReduceOpLike"]
 
 
 class Collective(ABC):
@@ -32,7 +42,23 @@ class Collective(ABC):
     the public operations below are written once, here. Optional primitives (`_send`,
     `_recv_`, `_gather_into`, `_scatter_into`, `_all_to_all_into`) raise
     `NotImplementedError` naming the backend unless overridden.
+
+    ``all_reduce(..., async_op=True)`` works on every subclass. A subclass that overrides
+    `_all_reduce_` without `_all_reduce_async_` gets the synchronous fallback (its own
+    `_all_reduce_` runs at the call), so an inherited asynchronous primitive never bypasses
+    it; a subclass whose ``all_reduce`` override takes no ``async_op`` has it adapted: with
+    ``async_op=True`` the override runs at the call and its result comes back as a completed
+    `CollectiveHandle`.
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__
+        if "_all_reduce_" in own and "_all_reduce_async_" not in own:
+            cls._all_reduce_async_ = Collective._all_reduce_async_  # type: ignore[method-assign]
+        method = own.get("all_reduce")
+        if callable(method) and not _takes_async_op(method):
+            cls.all_reduce = _adapt_sync_all_reduce(method)  # type: ignore[method-assign]
 
     backend_name: ClassVar[str] = "collective"
     """Human-readable backend name used in error messages."""
@@ -82,6 +108,22 @@ class Collective(ABC):
         ``_native_mean``; otherwise the base class sums and divides.
         """
 
+    def _all_reduce_async_(
+        self, buffer: torch.Tensor, op: ReduceOp
+    ) -> torch.futures.Future[Any] | None:
+        """Start reducing ``buffer`` in place across ranks; the future completes when done.
+
+        Same arguments as `_all_reduce_`. The future may complete with the backend's own
+        error, which `_op` translates. The default runs `_all_reduce_` now and returns None
+        (done already): override it where the backend has an asynchronous form.
+        """
+        self._all_reduce_(buffer, op)
+        return None
+
+    def _op(self, name: str) -> AbstractContextManager[None]:
+        """Around waiting for a primitive ``name``: the backend's own errors as accord's."""
+        return nullcontext()
+
     @abstractmethod
     def _broadcast_(self, buffer: torch.Tensor, src: int) -> None:
         """Overwrite ``buffer`` on every rank with rank ``src``'s."""
@@ -116,20 +158,63 @@ class Collective(ABC):
         raise self._unsupported("all_to_all")
 
     # ------------------------------------------------------------ tensor ops
+    @overload
     def all_reduce(
-        self, tensor: torch.Tensor, op: ReduceOpLike = "sum", *, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
+        self,
+        tensor: torch.Tensor,
+        op: ReduceOpLike = ...,
+        *,
+        out: torch.Tensor | None = ...,
+        async_op: Literal[False] = ...,
+    ) -> torch.Tensor: ...
+
+    @overload
+    def all_reduce(
+        self,
+        tensor: torch.Tensor,
+        op: ReduceOpLike = ...,
+        *,
+        out: torch.Tensor | None = ...,
+        async_op: Literal[True],
+    ) -> CollectiveHandle: ...
+
+    @overload
+    def all_reduce(
+        self,
+        tensor: torch.Tensor,
+        op: ReduceOpLike = ...,
+        *,
+        out: torch.Tensor | None = ...,
+        async_op: bool,
+    ) -> torch.Tensor | CollectiveHandle: ...
+
+    def all_reduce(
+        self,
+        tensor: torch.Tensor,
+        op: ReduceOpLike = "sum",
+        *,
+        out: torch.Tensor | None = None,
+        async_op: bool = False,
+    ) -> torch.Tensor | CollectiveHandle:
         """Reduce ``tensor`` across all ranks with ``op`` (sum, mean/avg, max, min, product).
 
         ``mean`` of an integer or bool tensor is a floating tensor; ``sum`` of a bool
         tensor counts the ranks holding True (int64); ``max``/``min``/``product`` of bools
         are any/all/all. Returns a new tensor, or ``out`` filled with the result.
+
+        With ``async_op=True`` it returns a `CollectiveHandle` at once instead; its
+        ``wait()`` returns the same result (and ``get_future()`` a future of it). The input
+        is copied at the call (unless it is ``out``); ``out`` must not be used until then.
+        Backends without an asynchronous form reduce at the call and return a completed
+        handle.
         """
         reduce_op = OP_SPELLINGS.get(op) if isinstance(op, str) else None
         if reduce_op is None:
             reduce_op = ReduceOp.parse(op)
         if not (isinstance(tensor, torch.Tensor) and self.is_setup):
             self._check_ready("all_reduce", tensor)
+        if async_op:
+            return self._start_all_reduce(tensor, reduce_op, out)
         if out is None and tensor.is_floating_point():
             # The common call (a metric, a loss) in as few Python calls as possible: the
             # interpreter runs cold after every wait on the network, so each call counts.
@@ -148,6 +233,34 @@ class Collective(ABC):
             self._all_reduce_(work, backend_op)
         finish_op = ReduceOp.SUM if backend_op is ReduceOp.MEAN else reduce_op  # averaged
         return finish(work, target, result_dtype, finish_op, self.world_size)
+
+    def _start_all_reduce(
+        self, tensor: torch.Tensor, reduce_op: ReduceOp, out: torch.Tensor | None
+    ) -> CollectiveHandle:
+        """`all_reduce` with ``async_op=True``: the work buffer, the asynchronous primitive,
+        and the finishing step (divide, cast, fill ``out``) run when it completes."""
+        result_dtype, work_dtype = reduce_dtypes(tensor.dtype, reduce_op)
+        work, target = work_buffer(tensor, tensor.shape, work_dtype, result_dtype, out)
+        backend_op = self._backend_op(reduce_op, work)
+        finish_op = ReduceOp.SUM if backend_op is ReduceOp.MEAN else reduce_op  # averaged
+        world_size = self.world_size
+        if not work.numel():
+            return CollectiveHandle.completed(
+                finish(work, target, result_dtype, finish_op, world_size)
+            )
+        started = self._all_reduce_async_(work, backend_op)
+        if started is None:  # reduced at the call: nothing to wait for
+            return CollectiveHandle.completed(
+                finish(work, target, result_dtype, finish_op, world_size)
+            )
+        if target is work and finish_op is not ReduceOp.MEAN and work.dtype == result_dtype:
+            # In place, averaged by the backend (a DDP gradient bucket): nothing to finish.
+            return CollectiveHandle.after(started, lambda: work, lambda: self._op("all_reduce"))
+        return CollectiveHandle.after(
+            started,
+            lambda: finish(work, target, result_dtype, finish_op, world_size),
+            lambda: self._op("all_reduce"),
+        )
 
     def _backend_op(self, op: ReduceOp, work: torch.Tensor) -> ReduceOp:
         """The op `_all_reduce_` gets for ``op`` on ``work``: MEAN only where the backend
@@ -383,3 +496,30 @@ class Collective(ABC):
                 f"{role}={rank!r} is not a rank of this group; use an int in "
                 f"[0, {self.world_size - 1}]."
             )
+
+
+def _takes_async_op(method: Callable[..., Any]) -> bool:
+    """Whether an ``all_reduce`` override accepts ``async_op`` (by name or ``**kwargs``)."""
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):
+        return True  # nothing to adapt to: leave it as written
+    return any(p.name == "async_op" or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+def _adapt_sync_all_reduce(method: Callable[..., torch.Tensor]) -> Callable[..., Any]:
+    """``method``, an ``all_reduce`` without ``async_op``, taking it: a completed handle."""
+
+    @functools.wraps(method)
+    def all_reduce(
+        self: Collective,
+        tensor: torch.Tensor,
+        op: ReduceOpLike = "sum",
+        *,
+        out: torch.Tensor | None = None,
+        async_op: bool = False,
+    ) -> torch.Tensor | CollectiveHandle:
+        result = method(self, tensor, op) if out is None else method(self, tensor, op, out=out)
+        return CollectiveHandle.completed(result) if async_op else result
+
+    return all_reduce

@@ -20,6 +20,7 @@ no recorder layer at all.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import pickle
 import statistics
@@ -32,7 +33,7 @@ from typing import Any, TypeVar
 import torch
 from typing_extensions import override
 
-from accord.core.collective import Collective
+from accord.core.collective import Collective, CollectiveHandle
 from accord.core.wrappers.call_record import CallRecord, _call_site, _state_of
 from accord.core.wrappers.trace_files import (
     _DUMP_VERSION,
@@ -74,9 +75,10 @@ _CLOCK_ROUNDS = 5
 class RecordingCollective(CollectiveWrapper):
     """A collective that keeps its last ``capacity`` calls in a ring buffer.
 
-    Each public operation adds a `CallRecord`. Recording walks the stack once per call, up
-    to the first frame outside accord, and takes two clock readings: a few microseconds a
-    call (``benchmarks/README.md`` has the figure). The records are this rank's only; the
+    Each public operation adds a `CallRecord`; an asynchronous one (``async_op=True``) ends
+    when its operation completes, and is ``"running"`` until then. Recording walks the stack
+    once per call, up to the first frame outside accord, and takes two clock readings: a few
+    microseconds a call (``benchmarks/README.md`` has the figure). The records are this rank's only; the
     ranks' records are merged by `merge_timeline` or, after a failure, compared by
     ``python -m accord.trace``.
 
@@ -153,9 +155,23 @@ class RecordingCollective(CollectiveWrapper):
             if record.state != "failed":
                 self.dump_on_error(err)
             raise
+        if isinstance(result, CollectiveHandle):
+            # An asynchronous call ends when its operation completes, not when it returns.
+            result.add_done_callback(functools.partial(self._complete, record))
+            return result
         record.end = time.perf_counter()
         record.state = "ok"
         return result
+
+    def _complete(self, record: CallRecord, error: BaseException | None) -> None:
+        """Close ``record`` of an asynchronous call that completed (with ``error``)."""
+        record.end = time.perf_counter()
+        if error is None:
+            record.state = "ok"
+            return
+        record.state = _state_of(error, self._inner.rank)
+        if record.state != "failed":
+            self.dump_on_error(error)  # the error `wait` raises names the file
 
     def _begin(self, call: OpCall, site: CallSite | None = None) -> CallRecord:
         if call.is_point_to_point:

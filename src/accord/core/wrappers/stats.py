@@ -10,6 +10,7 @@ this rank, how long it took in total and how many bytes it was handed::
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from typing import TypeVar
 import torch
 from typing_extensions import override
 
-from accord.core.collective import Collective
+from accord.core.collective import Collective, CollectiveHandle
 from accord.core.wrappers.wrapper import CollectiveWrapper, OpCall
 
 __all__ = ["CollectiveStats", "InstrumentedCollective", "OpStats"]
@@ -148,7 +149,8 @@ class InstrumentedCollective(CollectiveWrapper):
     included). CUDA collectives may return before the device finishes; pass
     ``synchronize=True`` to wait for the device so the time covers the transfer. Bytes are
     the sizes of the tensors handed in (0 for barrier and object ops). Calls that raise
-    are counted, and also counted in ``errors``.
+    are counted, and also counted in ``errors``. An asynchronous call (``async_op=True``)
+    is recorded when its operation completes, with the time from its start to then.
 
     Args:
         inner: the collective to measure.
@@ -181,13 +183,22 @@ class InstrumentedCollective(CollectiveWrapper):
         tensor = call.tensor
         is_tensor = isinstance(tensor, torch.Tensor)
         nbytes = tensor.numel() * tensor.element_size() if is_tensor else 0
-        failed = True
         start = time.perf_counter()
         try:
             result = perform()
-            if self.synchronize and is_tensor and tensor.is_cuda:
+            synchronous = not isinstance(result, CollectiveHandle)
+            if synchronous and self.synchronize and is_tensor and tensor.is_cuda:
                 torch.cuda.synchronize(tensor.device)
-            failed = False
-            return result
-        finally:
-            self.stats.record(call.op, time.perf_counter() - start, nbytes, failed=failed)
+        except BaseException:
+            self.stats.record(call.op, time.perf_counter() - start, nbytes, failed=True)
+            raise
+        if isinstance(result, CollectiveHandle):
+            # An asynchronous call counts from its start to its completion.
+            result.add_done_callback(functools.partial(self._complete, call.op, start, nbytes))
+        else:
+            self.stats.record(call.op, time.perf_counter() - start, nbytes)
+        return result
+
+    def _complete(self, op: str, start: float, nbytes: int, error: BaseException | None) -> None:
+        """Record an asynchronous call of ``op`` that completed (with ``error``)."""
+        self.stats.record(op, time.perf_counter() - start, nbytes, failed=error is not None)

@@ -8,19 +8,25 @@ so they work on every backend and can be stacked::
 
 A wrapper's primitives forward to the wrapped collective's primitives, so private traffic a
 wrapper sends itself (a fingerprint, an arrival check) is not seen by the wrappers inside it.
+
+An ``all_reduce(..., async_op=True)`` goes through `CollectiveWrapper._run` like any call:
+``perform()`` starts it and returns the inner collective's `CollectiveHandle`, which a
+wrapper passes on (a wrapper that measures the call waits for its completion with
+`CollectiveHandle.add_done_callback`, never with ``wait()``).
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from types import FrameType
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar, overload
 
 import torch
 from typing_extensions import Self, override
 
-from accord.core.collective import Collective, ReduceOp, ReduceOpLike
+from accord.core.collective import Collective, CollectiveHandle, ReduceOp, ReduceOpLike
 
 __all__ = ["CallSite", "CollectiveWrapper", "OpCall", "call_site", "unwrap"]
 
@@ -147,6 +153,16 @@ class CollectiveWrapper(Collective):
         self._inner._all_reduce_(buffer, op)
 
     @override
+    def _all_reduce_async_(
+        self, buffer: torch.Tensor, op: ReduceOp
+    ) -> torch.futures.Future[Any] | None:
+        return self._inner._all_reduce_async_(buffer, op)
+
+    @override
+    def _op(self, name: str) -> AbstractContextManager[None]:
+        return self._inner._op(name)
+
+    @override
     def _broadcast_(self, buffer: torch.Tensor, src: int) -> None:
         self._inner._broadcast_(buffer, src)
 
@@ -185,10 +201,50 @@ class CollectiveWrapper(Collective):
         self._inner._all_to_all_into(output, tensor)
 
     # ------------------------------------------------------------ public ops
+    @overload
+    def all_reduce(
+        self,
+        tensor: torch.Tensor,
+        op: ReduceOpLike = ...,
+        *,
+        out: torch.Tensor | None = ...,
+        async_op: Literal[False] = ...,
+    ) -> torch.Tensor: ...
+
+    @overload
+    def all_reduce(
+        self,
+        tensor: torch.Tensor,
+        op: ReduceOpLike = ...,
+        *,
+        out: torch.Tensor | None = ...,
+        async_op: Literal[True],
+    ) -> CollectiveHandle: ...
+
+    @overload
+    def all_reduce(
+        self,
+        tensor: torch.Tensor,
+        op: ReduceOpLike = ...,
+        *,
+        out: torch.Tensor | None = ...,
+        async_op: bool,
+    ) -> torch.Tensor | CollectiveHandle: ...
+
     @override
     def all_reduce(
-        self, tensor: torch.Tensor, op: ReduceOpLike = "sum", *, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
+        self,
+        tensor: torch.Tensor,
+        op: ReduceOpLike = "sum",
+        *,
+        out: torch.Tensor | None = None,
+        async_op: bool = False,
+    ) -> torch.Tensor | CollectiveHandle:
+        if async_op:
+            return self._run(
+                OpCall("all_reduce", tensor, reduce_op=op),
+                lambda: self._inner.all_reduce(tensor, op, out=out, async_op=True),
+            )
         return self._run(
             OpCall("all_reduce", tensor, reduce_op=op),
             lambda: self._inner.all_reduce(tensor, op, out=out),

@@ -5,7 +5,8 @@ DeepSpeed is imported only when the collective is set up or used, so ``import ac
 torch.distributed group, so this collective either creates that group (on accord's shared
 rendezvous store, or through ``deepspeed.init_distributed`` for an ``init_method``) and
 lets DeepSpeed wrap it, or lets DeepSpeed wrap one that already exists (made by torchrun,
-a user's ``init_process_group`` or another collective).
+a user's ``init_process_group`` or another collective). ``all_reduce(..., async_op=True)``
+runs ``deepspeed.comm.all_reduce(..., async_op=True)`` and waits on its work's future.
 """
 
 from __future__ import annotations
@@ -152,6 +153,15 @@ class DeepSpeedCollective(ProcessGroupCollective):
     def _all_reduce_(self, buffer: torch.Tensor, op: ReduceOp) -> None:
         with self._op("all_reduce"):
             self._comm.all_reduce(buffer, op=_ds_op(self._comm, op))
+
+    @override
+    def _all_reduce_async_(
+        self, buffer: torch.Tensor, op: ReduceOp
+    ) -> torch.futures.Future[Any] | None:
+        # A backend timeout shows when the work completes: the handle translates it (`_op`).
+        work = self._comm.all_reduce(buffer, op=_ds_op(self._comm, op), async_op=True)
+        future: torch.futures.Future[Any] = work.get_future()
+        return future
 
     @override
     def _broadcast_(self, buffer: torch.Tensor, src: int) -> None:

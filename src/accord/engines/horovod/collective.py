@@ -9,7 +9,9 @@ or another collective), and ``teardown()`` calls ``hvd.shutdown()`` only in the 
 
 Dtypes Horovod's ops lack are converted (`accord.engines.horovod.dtypes`). Horovod has no
 point-to-point, gather or scatter ops, so ``send``/``recv``, ``gather`` and ``scatter``
-raise `NotImplementedError` naming the backend.
+raise `NotImplementedError` naming the backend. ``all_reduce(..., async_op=True)`` reduces at
+the call and returns a completed handle: Horovod's own asynchronous handles complete only
+when polled or synchronised, which a `torch.futures.Future` cannot wait on.
 
 Besides the contract's ops, the collective carries what `HorovodStrategy` sends: the
 broadcast of a module's weights and of an optimizer's state, the wrapping of an

@@ -8,6 +8,9 @@ sub-group, so a strategy given one communicates only within it.
 A backend's own timeout inside an op (gloo: "Timed out waiting ... for recv operation")
 is raised as `CollectiveTimeoutError` naming the op; ``ACCORD_COLLECTIVE_TIMEOUT`` sets that
 timeout for the groups this collective creates.
+
+``all_reduce(..., async_op=True)`` is torch's own asynchronous all-reduce: the handle's
+future is the one of torch's ``Work`` (``get_future()``), with the finishing step chained.
 """
 
 from __future__ import annotations
@@ -253,6 +256,18 @@ class TorchCollective(ProcessGroupCollective):
 
         with self._op("all_reduce"):
             dist.all_reduce(buffer, op=_torch_op(op), group=self._group)
+
+    @override
+    def _all_reduce_async_(
+        self, buffer: torch.Tensor, op: ReduceOp
+    ) -> torch.futures.Future[Any] | None:
+        import torch.distributed as dist
+
+        # A backend timeout shows when the work completes: the handle translates it (`_op`).
+        work = dist.all_reduce(buffer, op=_torch_op(op), group=self._group, async_op=True)
+        assert work is not None
+        future: torch.futures.Future[Any] = work.get_future()
+        return future
 
     @override
     def _broadcast_(self, buffer: torch.Tensor, src: int) -> None:

@@ -218,13 +218,12 @@ def _ddp_gradient_bucket_hook(
 ) -> torch.futures.Future[torch.Tensor]:
     """A DDP comm hook that averages a gradient bucket in place through ``collective``.
 
-    Its name shows in a debug mismatch report as the place a gradient bucket was sent from.
+    The all-reduce is asynchronous (``async_op=True``): DDP gets the collective's future and
+    goes on with backward, as with its own reducer. Its name shows in a debug mismatch
+    report as the place a gradient bucket was sent from.
     """
     buffer = bucket.buffer()
-    collective.all_reduce(buffer, "mean", out=buffer)
-    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    future.set_result(buffer)
-    return future
+    return collective.all_reduce(buffer, "mean", out=buffer, async_op=True).get_future()
 
 
 # DDP validates a hook's annotations as objects; this module's are strings (postponed).

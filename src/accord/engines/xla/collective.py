@@ -11,7 +11,8 @@ Two facts about XLA shape every primitive here:
 - XLA is lazy: a collective is a node in a graph that runs when the graph is launched.
   Each op first launches its input (so pending, possibly rank-specific work never becomes
   part of the collective's program), builds the collective on device data only, launches
-  that small program and waits for it. So an op's result is ready when it returns.
+  that small program and waits for it. So an op's result is ready when it returns, and
+  ``all_reduce(..., async_op=True)`` returns a completed handle.
 - Several ranks may share one process, one thread per device: torch_xla does this on the
   CPU runtime (``CPU_NUM_DEVICES=N``) and on TPU hosts with several cores per chip. There
   the ranks' collectives meet only when every rank runs the *same compiled executable*:

@@ -37,6 +37,13 @@ REGISTRY: tuple[Check, ...] = (
         reductions.integer_mean,
     ),
     Check(
+        "all_reduce.async",
+        "all_reduce(..., async_op=True) returns a handle whose wait() and get_future() give the "
+        "synchronous result (inputs unchanged, out= filled and returned, integer means "
+        "floating), with several handles pending at once.",
+        reductions.all_reduce_async,
+    ),
+    Check(
         "inputs_unchanged",
         "all_reduce, broadcast, all_gather and reduce_scatter leave their input unchanged.",
         tensors.inputs_unchanged,
