@@ -83,3 +83,26 @@ def test_a_crafted_single_file_checkpoint_runs_nothing(tmp_path: Path) -> None:
         trainer.fit(LinearModel(), loader(batch_size=16), ckpt_path=crafted)
     assert not (tmp_path / "marker").exists()
     assert f"{os.system.__module__}.system" in str(raised.value)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_crafted_entry_of_a_sharded_checkpoint_runs_nothing(tmp_path: Path) -> None:
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict_saver import save
+
+    from accord.engines.torch.safe_dcp import read_whole
+
+    plain = {"weight": torch.ones(2), "settings": {"lr": 0.5, "names": ["a", "b"]}}
+    save(plain, checkpoint_id=tmp_path / "plain", no_dist=True)
+    # Non-tensor entries are read once, by the weights-only unpickler, and put in place.
+    loaded = read_whole(str(tmp_path / "plain"))
+    assert torch.equal(loaded["weight"], torch.ones(2))
+    assert loaded["settings"] == {"lr": 0.5, "names": ["a", "b"]}
+
+    crafted = {"weight": torch.ones(2), "extra": _CreatesAFile(tmp_path / "marker")}
+    save(crafted, checkpoint_id=tmp_path / "crafted", no_dist=True)
+    # DCP reports what a rank's read raised inside its own exception.
+    with pytest.raises((CheckpointError, CheckpointException)) as raised:
+        read_whole(str(tmp_path / "crafted"))
+    assert not (tmp_path / "marker").exists()
+    assert f"{os.system.__module__}.system" in str(raised.value)

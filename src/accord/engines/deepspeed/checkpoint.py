@@ -102,7 +102,7 @@ def save_engine_checkpoint(
 
 
 def load_checkpoint_directory(
-    source: Path, engine: Any | None, *, weights_only: bool = True
+    source: Path, engine: Any | None, *, weights_only: bool = True, checked: str | None = None
 ) -> dict[str, Any]:
     """Read the checkpoint directory ``source``; with a training ``engine``, to resume.
 
@@ -111,7 +111,9 @@ def load_checkpoint_directory(
     `EngineState` placeholders. Without, the shards are consolidated into a full
     ``state_dict``, returned with the Trainer's state. With ``weights_only`` (the default)
     every file of the checkpoint is read as `load_deepspeed_file` reads it, so nothing in
-    it can run code; pass False only for a checkpoint you trust.
+    it can run code; pass False only for a checkpoint you trust. ``checked`` names a tag
+    whose files the caller has just checked (`check_tag_files`): when ``latest`` still
+    names it, they are not read a second time before the engine reads them.
 
     Raises:
         CheckpointError: no directory there, or not a finished DeepSpeed checkpoint; a
@@ -127,7 +129,7 @@ def load_checkpoint_directory(
         state, client = _read_consolidated(source, None, weights_only)
         return {**client, "state_dict": state}
     tag = reading.checkpoint_tag(source, None)
-    if weights_only:
+    if weights_only and tag != checked:
         check_tag_files(source / tag)
     with safe_engine_loads(engine) if weights_only else contextlib.nullcontext():
         load_path, client = engine.load_checkpoint(
@@ -167,8 +169,11 @@ def load_for_engine(
         CheckpointError: nothing readable at ``source``; a ZeRO-3 run resuming from
             another layout; an optimizer state that does not fit the engine's groups.
     """
-    if source.is_dir() and (engine is None or _native_to(engine, source, weights_only)):
-        return load_checkpoint_directory(source, engine, weights_only=weights_only)
+    if source.is_dir() and engine is None:
+        return load_checkpoint_directory(source, None, weights_only=weights_only)
+    native = _native_tag(engine, source, weights_only) if source.is_dir() else None
+    if native is not None:
+        return load_checkpoint_directory(source, engine, weights_only=weights_only, checked=native)
     checkpoint = read_checkpoint(source, weights_only=weights_only)
     if engine is None:
         return checkpoint
@@ -179,20 +184,22 @@ def load_for_engine(
     return checkpoint
 
 
-def _native_to(engine: Any, source: Path, weights_only: bool) -> bool:
-    """Whether ``source`` is a DeepSpeed checkpoint the engine restores itself: same ZeRO
-    stage, same number of ranks."""
+def _native_tag(engine: Any, source: Path, weights_only: bool) -> str | None:
+    """The tag to restore when ``source`` is a DeepSpeed checkpoint the engine restores
+    itself (same ZeRO stage, same number of ranks), else None. With ``weights_only`` the
+    tag's files are checked (`check_tag_files`) first."""
     if checkpoint_format(source) != "deepspeed":
-        return False
+        return None
     tag = reading.checkpoint_tag(source, None)
     if weights_only:
         check_tag_files(source / tag)
-    states = reading.load_model_states(source, tag, weights_only)
+    # Only the settings stored beside the weights are read: the weights stay on disk.
+    states = reading.load_model_states(source, tag, weights_only, mmap=True)
     stage = states.get("ds_config", {}).get("zero_optimization", {}).get("stage", 0)
-    return bool(
-        int(stage) == int(engine.zero_optimization_stage())
-        and int(states.get("dp_world_size", -1)) == int(engine.dp_world_size)
-    )
+    native = int(stage) == int(engine.zero_optimization_stage()) and int(
+        states.get("dp_world_size", -1)
+    ) == int(engine.dp_world_size)
+    return tag if native else None
 
 
 def strip_step_prefix(state: dict[str, Any]) -> dict[str, Any]:

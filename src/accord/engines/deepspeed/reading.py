@@ -7,6 +7,7 @@ shards. `accord.engines.deepspeed.checkpoint` builds its loads on these.
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -54,21 +55,27 @@ def checkpoint_tag(directory: Path, tag: str | None) -> str:
     return found
 
 
-def load_model_states(directory: Path, tag: str, weights_only: bool) -> dict[str, Any]:
+def load_model_states(
+    directory: Path, tag: str, weights_only: bool, *, mmap: bool = False
+) -> dict[str, Any]:
+    """The tag's model states file (``mmap``: its tensors mapped, not read; for a caller
+    that only reads the settings stored beside the weights)."""
     files = sorted((directory / tag).glob("*model_states.pt"))
     if not files:
         raise CheckpointError(
             f"{str(directory / tag)!r} holds no DeepSpeed model states file (*model_states.pt)."
         )
-    return load_file(files[0], weights_only)
+    return load_file(files[0], weights_only, mmap=mmap)
 
 
-def load_file(file: Path, weights_only: bool) -> dict[str, Any]:
+def load_file(file: Path, weights_only: bool, *, mmap: bool = False) -> dict[str, Any]:
+    """One file of a checkpoint, which must hold a dict (``mmap`` as `load_deepspeed_file`)."""
     if weights_only:
-        loaded = load_deepspeed_file(file)
+        loaded = load_deepspeed_file(file, mmap=mmap)
     else:
         try:
-            loaded = torch.load(file, map_location="cpu", weights_only=False)
+            mapped = mmap and zipfile.is_zipfile(file)
+            loaded = torch.load(file, map_location="cpu", weights_only=False, mmap=mapped)
         except Exception as err:
             raise CheckpointError(f"{str(file)!r} is not readable: {err}") from err
     if not isinstance(loaded, dict):

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint.metadata as dcp_metadata
+from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
@@ -118,17 +119,20 @@ class SafeLoadPlanner(DefaultLoadPlanner):
     @override
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         try:
-            torch.load(value, weights_only=True)
+            loaded = torch.load(value, weights_only=True)
         except pickle.UnpicklingError as err:
             raise CheckpointError(
                 f"The checkpoint entry {read_item.dest_index.fqn!r} holds objects beyond "
                 f"tensors and plain containers, refused so that loading runs no code ({err}). "
                 "Load it with weights_only=False only if you trust who wrote it."
             ) from err
-        # The weights-only unpickler admitted every global the entry names, so torch's own
-        # loader (which also places entries of a flattened state dict) runs nothing else.
-        value.seek(0)
-        super().load_bytes(read_item, value)
+        # Placed as torch's own load_bytes places what it unpickles (once, without the
+        # weights-only unpickler): at its path in the caller's dict when it was flattened.
+        fqn = read_item.dest_index.fqn
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[fqn], loaded)
+        else:
+            self.state_dict[fqn] = loaded
 
 
 class WholeStateLoadPlanner(SafeLoadPlanner):
