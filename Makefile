@@ -119,15 +119,23 @@ test-slurm: $(VENV)/.installed
 	$(SLURM_CLUSTER) stop
 
 # The constraints file holds torch at TORCH_PIN while pip resolves the peers' requirements.
+# accord comes with its deepspeed extra, for bench_checkpoint.py's deepspeed_stage_2 rows.
 $(BENCH_VENV)/.installed: pyproject.toml benchmarks/requirements.txt Makefile
 	$(PYTHON) -m venv $(BENCH_VENV)
 	echo '$(TORCH_PIN)' > $(BENCH_VENV)/constraints.txt
 	$(BENCH_BIN)/pip install -q --disable-pip-version-check -c $(BENCH_VENV)/constraints.txt \
-		'$(TORCH_PIN)' -e . -r benchmarks/requirements.txt
+		'$(TORCH_PIN)' -e '.[deepspeed]' -r benchmarks/requirements.txt
 	touch $@
 
-bench: $(BENCH_VENV)/.installed
-	$(BENCH_BIN)/python benchmarks/run.py
+# The bench venv's own DeepSpeed extension (its build records the venv's paths), built once.
+BENCH_EXTENSIONS := $(abspath $(BENCH_VENV))/torch_extensions
+
+$(BENCH_VENV)/.deepspeed-built: $(BENCH_VENV)/.installed
+	TORCH_EXTENSIONS_DIR=$(BENCH_EXTENSIONS) $(BENCH_BIN)/python scripts/warm_deepspeed.py
+	touch $@
+
+bench: $(BENCH_VENV)/.installed $(BENCH_VENV)/.deepspeed-built
+	TORCH_EXTENSIONS_DIR=$(BENCH_EXTENSIONS) $(BENCH_BIN)/python benchmarks/run.py
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) .coverage .coverage.* .mypy_cache .ruff_cache .pytest_cache

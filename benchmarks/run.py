@@ -27,6 +27,7 @@ SCRIPTS: list[tuple[str, list[str]]] = [
     ("bench_startup.py", []),
     ("bench_timeline.py", []),
     ("bench_debug.py", []),
+    ("bench_checkpoint.py", []),
 ]
 
 

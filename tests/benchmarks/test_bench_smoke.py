@@ -29,6 +29,7 @@ SCRIPTS = {
     "startup": ["bench_startup.py"],
     "timeline": ["bench_timeline.py"],
     "debug": ["bench_debug.py"],
+    "checkpoint": ["bench_checkpoint.py"],
 }
 # Scripts that measure accord against itself (a feature on vs off), not against raw PyTorch.
 SELF_COMPARED = {"debug", "grad_sync", "timeline"}
