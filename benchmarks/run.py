@@ -21,6 +21,8 @@ SCRIPTS: list[tuple[str, list[str]]] = [
     ("bench_import.py", []),
     ("bench_fit.py", ["--ranks", "1"]),
     ("bench_fit.py", ["--ranks", "2"]),
+    ("bench_memory.py", ["--ranks", "1"]),
+    ("bench_memory.py", ["--ranks", "2"]),
     ("bench_grad_sync.py", []),
     ("bench_reduce.py", []),
     ("bench_logging.py", []),

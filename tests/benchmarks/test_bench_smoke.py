@@ -23,6 +23,8 @@ SCRIPTS = {
     "import": ["bench_import.py"],
     "fit_1": ["bench_fit.py", "--ranks", "1"],
     "fit_2": ["bench_fit.py", "--ranks", "2"],
+    "memory_1": ["bench_memory.py", "--ranks", "1"],
+    "memory_2": ["bench_memory.py", "--ranks", "2"],
     "grad_sync": ["bench_grad_sync.py"],
     "reduce": ["bench_reduce.py"],
     "logging": ["bench_logging.py"],

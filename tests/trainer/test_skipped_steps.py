@@ -58,12 +58,12 @@ def _trainer(strategy: str, devices: int, **kwargs: Any) -> accord.Trainer:
     )
 
 
-def _skip_on_one_rank(rank: int, world_size: int) -> dict[str, Any]:
+def _skip_on_one_rank(rank: int, world_size: int, accumulate: int) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for strategy in ("ddp", "ddp_find_unused_parameters_true"):
         for skip_rank in (0, 1):
             model = SkipsOnOneRank(skip_rank)
-            trainer = _trainer(strategy, world_size, accumulate_grad_batches=2)
+            trainer = _trainer(strategy, world_size, accumulate_grad_batches=accumulate)
             trainer.fit(model, loader(16))
             results[f"{strategy}-{skip_rank}"] = {
                 "weights": flat_weights(model),
@@ -73,14 +73,18 @@ def _skip_on_one_rank(rank: int, world_size: int) -> dict[str, Any]:
     return results
 
 
-def test_a_step_one_rank_skips_is_skipped_by_every_rank() -> None:
+# With one batch per step, plain DDP runs backward while the ranks agree on the batch (the
+# rank that skipped joins with zero gradients, then every rank drops them); with two, or
+# with find_unused_parameters, the ranks agree first.
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_a_step_one_rank_skips_is_skipped_by_every_rank(accumulate: int) -> None:
     reference = SkipsEverywhere()
-    _trainer("single_device", 1, accumulate_grad_batches=2).fit(reference, loader(32))
-    results = run_distributed(_skip_on_one_rank, 2, timeout=240)
+    _trainer("single_device", 1, accumulate_grad_batches=accumulate).fit(reference, loader(32))
+    results = run_distributed(_skip_on_one_rank, 2, accumulate, timeout=240)
     for key, first in results[0].items():
         second = results[1][key]
         torch.testing.assert_close(first["weights"], second["weights"], rtol=0, atol=0)
-        assert first["steps"] == second["steps"] == 2 * 8 // 2
+        assert first["steps"] == second["steps"] == 2 * 8 // accumulate
         # The skipped step's logged values were dropped on every rank alike.
         assert first["rank_metric"] == second["rank_metric"] == 0.5
         # Skipping the global batch on both ranks is skipping it on one device.

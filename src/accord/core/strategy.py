@@ -279,6 +279,26 @@ class Strategy(StrategyCheckpointing):
         """Backpropagate ``loss``."""
         self.precision.backward(loss)
 
+    def overlaps_step_decision(self, module: nn.Module) -> bool:
+        """Whether the loop may run a batch's backward while the ranks still agree on it.
+
+        The per-batch decision (a skipped batch, a non-finite loss, a preemption signal) is
+        one round trip. Where this is True the loop starts it, runs backward (whose gradient
+        synchronisation follows the decision's collective), and reads it after: a rank whose
+        ``training_step`` returned None then joins the others' backward with
+        `backward_without_loss`, and a batch some rank skipped has its gradients dropped.
+        The default, False, agrees before backward.
+        """
+        return False
+
+    def backward_without_loss(self, module: nn.Module) -> None:
+        """Run a backward that adds zero gradients to every trainable parameter, so this
+        rank takes part in the gradient synchronisation of the others' backward (see
+        `overlaps_step_decision`)."""
+        params = [p for p in module.parameters() if p.requires_grad]
+        if params:
+            torch.stack([p.sum() for p in params]).sum().mul(0.0).backward()  # type: ignore[no-untyped-call]
+
     def no_backward_sync(
         self, module: nn.Module, enabled: bool
     ) -> contextlib.AbstractContextManager[Any]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,7 +22,7 @@ from accord.trainer.loops import (
 from accord.trainer.optimizers import optimizer_step, step_schedulers
 from accord.trainer.preemption import SignalFlag, save_and_stop
 from accord.trainer.state import RunState
-from accord.trainer.step_decision import decide_step, on_nonfinite
+from accord.trainer.step_decision import decide_step, on_nonfinite, start_step_decision
 
 if TYPE_CHECKING:
     from accord.trainer.trainer import Trainer
@@ -206,6 +206,9 @@ class FitLoop:
         after_backward = module_hook(model, "on_after_backward")
         batch_end = module_hook(model, "on_train_batch_end")
         callbacks_batch_end = callback_hooks(trainer, "on_train_batch_end")
+        # Every batch steps (no accumulation window to keep): the decision can travel
+        # while backward runs (`Strategy.overlaps_step_decision`).
+        overlap = accumulate == 1 and multi_rank and strategy.overlaps_step_decision(wrapped)
         ran = skipped = 0
         for batch_idx, batch in self._epoch_batches(loader):
             trainer.logger_step = trainer.global_step
@@ -220,17 +223,26 @@ class FitLoop:
                     output = strategy.step(wrapped, "training_step", batch, batch_idx)
                 metrics.in_step = False
                 loss = loss_of(output)
+                signalled = self.signals.received is not None
                 # One collective per batch for every decision the ranks take together. A
                 # step one rank skips is skipped by all: a rank that went on to backward
                 # alone would wait for the others' gradients forever.
-                decision = decide_step(
-                    strategy, loss, check_loss=True, signalled=self.signals.received is not None
-                )
+                if overlap:
+                    pending = start_step_decision(strategy, loss, signalled)
+                    if loss is not None:
+                        self._backward(loss, before_backward, after_backward)
+                    decision = pending.wait()
+                    if loss is None and not decision.all_skipped:
+                        strategy.backward_without_loss(wrapped)
+                else:
+                    decision = decide_step(strategy, loss, check_loss=True, signalled=signalled)
                 self.preempt_ranks = self.preempt_ranks or decision.preempt_ranks
                 ran += 1
                 if decision.skip:
                     loss = None
                     skipped += 1
+                    if overlap:
+                        self._discard_window()
                 elif decision.nonfinite_ranks:
                     mode = trainer.on_nonfinite
                     on_nonfinite(
@@ -244,15 +256,10 @@ class FitLoop:
                         loss = None
                         self._discard_window()
                 metrics.end_training_step(skipped=loss is None)
-                if loss is not None:
+                if loss is not None and not overlap:
                     if accumulate > 1:
                         loss = loss / accumulate
-                    if before_backward is not None:
-                        before_backward(loss)
-                    strategy.backward(loss, wrapped)
-                    if after_backward is not None:
-                        after_backward()
-                    self.window_has_backward = True
+                    self._backward(loss, before_backward, after_backward)
             if is_step:
                 self._optimizer_step()
             step_metrics = metrics.flush_step(strategy)
@@ -323,6 +330,21 @@ class FitLoop:
                 trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps
             ):
                 break
+
+    def _backward(
+        self,
+        loss: torch.Tensor,
+        before: Callable[[torch.Tensor], None] | None,
+        after: Callable[[], None] | None,
+    ) -> None:
+        """The module's backward hooks around the strategy's backward of ``loss``."""
+        if before is not None:
+            before(loss)
+        assert self.state.wrapped is not None
+        self.trainer.strategy.backward(loss, self.state.wrapped)
+        if after is not None:
+            after()
+        self.window_has_backward = True
 
     def _val_every(self, total: int) -> int:
         interval = self.trainer.val_check_interval

@@ -15,10 +15,19 @@ from dataclasses import dataclass
 
 import torch
 
+from accord.core.handle import CollectiveHandle
 from accord.core.strategy import Strategy
 from accord.errors import ConfigurationError, NonFiniteValueError
 
-__all__ = ["NONFINITE_MODES", "StepDecision", "check_nonfinite_mode", "decide_step", "on_nonfinite"]
+__all__ = [
+    "NONFINITE_MODES",
+    "PendingStepDecision",
+    "StepDecision",
+    "check_nonfinite_mode",
+    "decide_step",
+    "on_nonfinite",
+    "start_step_decision",
+]
 
 NONFINITE_MODES = ("raise", "skip_step", "warn")
 """What ``Trainer(on_nonfinite=...)`` accepts."""
@@ -47,11 +56,13 @@ class StepDecision:
         skip: some rank's ``training_step`` returned None, so no rank runs backward.
         nonfinite_ranks: the global ranks whose loss was NaN or infinite.
         preempt_ranks: the global ranks that received a preemption signal.
+        all_skipped: every rank's ``training_step`` returned None.
     """
 
     skip: bool
     nonfinite_ranks: tuple[int, ...]
     preempt_ranks: tuple[int, ...]
+    all_skipped: bool = False
 
     @property
     def preempt(self) -> bool:
@@ -67,29 +78,68 @@ def decide_step(
     ``check_loss``: whether to look for a non-finite ``loss`` at all. With one rank no
     collective runs.
     """
-    world_size = strategy.world_size
-    device = strategy.root_device
+    bits = _local_bits(strategy, loss, check_loss, signalled)
+    if strategy.world_size == 1:
+        return _decision([int(bits)])
+    slots = _slots(strategy, bits)
+    return _decision(strategy.collective.all_reduce(slots, "sum", out=slots).tolist())
+
+
+def start_step_decision(
+    strategy: Strategy, loss: torch.Tensor | None, signalled: bool
+) -> PendingStepDecision:
+    """Start `decide_step`'s collective (the loss checked) and return at once.
+
+    The loop runs this batch's backward while the answers travel and reads the decision
+    after it (`Strategy.overlaps_step_decision`); every rank calls it once per batch.
+    """
+    bits = _local_bits(strategy, loss, True, signalled)
+    slots = _slots(strategy, bits)
+    return PendingStepDecision(
+        strategy.collective.all_reduce(slots, "sum", out=slots, async_op=True)
+    )
+
+
+class PendingStepDecision:
+    """A `StepDecision` whose collective is under way; `wait` returns it."""
+
+    def __init__(self, handle: CollectiveHandle) -> None:
+        self._handle = handle
+
+    def wait(self) -> StepDecision:
+        """Block until every rank's answers are in; the same decision on every rank."""
+        return _decision(self._handle.wait().tolist())
+
+
+def _local_bits(
+    strategy: Strategy, loss: torch.Tensor | None, check_loss: bool, signalled: bool
+) -> torch.Tensor | int:
+    """This rank's answers as bits: a Python int, or a tensor on the loss's device."""
     local = (_SKIP if loss is None else 0) + (_SIGNAL if signalled else 0)
     if loss is None or not check_loss:
-        bits: torch.Tensor | int = local
-    elif world_size == 1 or loss.device.type == "cpu":
+        return local
+    if strategy.world_size == 1 or loss.device.type == "cpu":
         # Reading a CPU loss costs nothing to wait for, and one rank reads its answer
         # anyway: plain Python is far cheaper than a chain of tiny tensor ops.
-        bits = local + (0 if _finite(loss) else _NONFINITE)
-    else:
-        # Stays on the loss's device: the one synchronisation is reading the result.
-        finite = torch.isfinite(loss.detach()).all()
-        bits = (~finite).to(device, torch.int32) * _NONFINITE + local
-    if world_size == 1:
-        flags = [int(bits)]
-    else:
-        slots = torch.zeros(world_size, dtype=torch.int32, device=device)
-        slots[strategy.global_rank] = bits
-        flags = strategy.collective.all_reduce(slots, "sum", out=slots).tolist()
+        return local + (0 if _finite(loss) else _NONFINITE)
+    # Stays on the loss's device: the one synchronisation is reading the result.
+    finite = torch.isfinite(loss.detach()).all()
+    return (~finite).to(strategy.root_device, torch.int32) * _NONFINITE + local
+
+
+def _slots(strategy: Strategy, bits: torch.Tensor | int) -> torch.Tensor:
+    """A vector with a slot per rank, this rank's holding ``bits``, the others zero."""
+    slots = torch.zeros(strategy.world_size, dtype=torch.int32, device=strategy.root_device)
+    slots[strategy.global_rank] = bits
+    return slots
+
+
+def _decision(flags: list[int]) -> StepDecision:
     return StepDecision(
         skip=any(f & _SKIP for f in flags),
         nonfinite_ranks=tuple(r for r, f in enumerate(flags) if f & _NONFINITE),
         preempt_ranks=tuple(r for r, f in enumerate(flags) if f & _SIGNAL),
+        all_skipped=all(f & _SKIP for f in flags),
     )
 
 

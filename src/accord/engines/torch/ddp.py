@@ -170,6 +170,21 @@ class DDPStrategy(ParallelStrategy):
         super().backward(loss, module)
 
     @override
+    def overlaps_step_decision(self, module: nn.Module) -> bool:
+        """True for automatic optimization with DDP's default graph handling: there every
+        backward reduces every parameter's gradient, so a rank that skipped its batch can
+        join the others' reduction with zero gradients. Not with ``find_unused_parameters``
+        or ``static_graph`` (a zero backward would mark parameters ready twice), nor in
+        debug mode, where each collective is checked before it starts."""
+        return (
+            isinstance(module, DistributedDataParallel)
+            and not self.run_settings.manual_optimization
+            and not module.find_unused_parameters
+            and not module.static_graph
+            and not has_layer(self.collective, DebugCollective)
+        )
+
+    @override
     def no_backward_sync(
         self, module: nn.Module, enabled: bool
     ) -> contextlib.AbstractContextManager[Any]:
