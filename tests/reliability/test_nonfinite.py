@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,9 +14,11 @@ from models import CountingCollective, LinearModel, flat_weights, loader
 from torch import nn
 
 import accord
+from accord.collectives import TorchCollective
 from accord.errors import ConfigurationError, NonFiniteValueError
 from accord.strategies import DDPStrategy
 from accord.testing import run_distributed
+from accord.trainer.step_decision import decide_step, start_step_decision
 from conftest import run_python
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "preempt_fit.py")
@@ -146,3 +149,30 @@ def test_skip_nonfinite_and_preemption_share_one_all_reduce_per_batch() -> None:
     for result in results:
         assert result["steps"] == 8
         assert result == {"all_reduce": 8, "steps": 8}
+
+
+def _decide_at_twelve_ranks(rank: int, world_size: int) -> list[tuple[Any, ...]]:
+    collective = TorchCollective("gloo").setup()
+    strategy = SimpleNamespace(
+        world_size=world_size,
+        global_rank=rank,
+        root_device=torch.device("cpu"),
+        collective=collective,
+    )
+    loss = None if rank == 5 else torch.tensor(math.nan if rank in (3, 11) else 1.0)
+    decisions = [
+        decide_step(strategy, loss, check_loss=True, signalled=rank == 10),  # type: ignore[arg-type]
+        start_step_decision(strategy, loss, signalled=rank == 10).wait(),  # type: ignore[arg-type]
+        decide_step(strategy, torch.tensor(0.0), check_loss=True, signalled=False),  # type: ignore[arg-type]
+    ]
+    collective.teardown()
+    return [(d.skip, d.nonfinite_ranks, d.preempt_ranks, d.all_skipped) for d in decisions]
+
+
+@pytest.mark.timeout(240)
+def test_the_decision_names_every_rank_beyond_ten() -> None:
+    """Ten ranks share a word of the decision: ranks 3 and 11 (different words) report a
+    NaN, rank 5 skips and rank 10 was signalled, and all twelve ranks read the same."""
+    results = run_distributed(_decide_at_twelve_ranks, 12, timeout=200)
+    expected = [(True, (3, 11), (10,), False)] * 2 + [(False, (), (), False)]
+    assert results == [expected] * 12

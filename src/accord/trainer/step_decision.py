@@ -1,10 +1,10 @@
 """The decision every rank takes together once per training batch, in one collective.
 
-Three questions share one ``all_reduce(sum)`` of an integer vector with a slot per rank:
-did a rank skip the batch (``training_step`` returned None), was a rank's loss NaN or
-infinite, and did a rank receive a preemption signal. Each rank writes its answers as
-bits into its own slot, so the sum tells every rank which ranks said what, and a plain
-step makes the same single round trip it made for the skip decision alone.
+Three questions share one ``all_reduce(sum)`` of a few integers with a 3-bit field per
+rank: did a rank skip the batch (``training_step`` returned None), was a rank's loss NaN
+or infinite, and did a rank receive a preemption signal. Each rank writes its answers into
+its own field, so the sum tells every rank which ranks said what, and a plain step makes
+the same single round trip it made for the skip decision alone.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ NONFINITE_MODES = ("raise", "skip_step", "warn")
 """What ``Trainer(on_nonfinite=...)`` accepts."""
 
 _SKIP, _NONFINITE, _SIGNAL = 1, 2, 4
+_FIELD_BITS, _FIELD_MASK, _RANKS_PER_WORD = 3, 0b111, 10
 
 
 def check_nonfinite_mode(mode: str) -> str:
@@ -80,9 +81,10 @@ def decide_step(
     """
     bits = _local_bits(strategy, loss, check_loss, signalled)
     if strategy.world_size == 1:
-        return _decision([int(bits)])
+        return _decision([int(bits)], 1)
     slots = _slots(strategy, bits)
-    return _decision(strategy.collective.all_reduce(slots, "sum", out=slots).tolist())
+    words = strategy.collective.all_reduce(slots, "sum", out=slots).tolist()
+    return _decision(words, strategy.world_size)
 
 
 def start_step_decision(
@@ -95,20 +97,20 @@ def start_step_decision(
     """
     bits = _local_bits(strategy, loss, True, signalled)
     slots = _slots(strategy, bits)
-    return PendingStepDecision(
-        strategy.collective.all_reduce(slots, "sum", out=slots, async_op=True)
-    )
+    handle = strategy.collective.all_reduce(slots, "sum", out=slots, async_op=True)
+    return PendingStepDecision(handle, strategy.world_size)
 
 
 class PendingStepDecision:
     """A `StepDecision` whose collective is under way; `wait` returns it."""
 
-    def __init__(self, handle: CollectiveHandle) -> None:
+    def __init__(self, handle: CollectiveHandle, world_size: int) -> None:
         self._handle = handle
+        self._world_size = world_size
 
     def wait(self) -> StepDecision:
         """Block until every rank's answers are in; the same decision on every rank."""
-        return _decision(self._handle.wait().tolist())
+        return _decision(self._handle.wait().tolist(), self._world_size)
 
 
 def _local_bits(
@@ -128,13 +130,23 @@ def _local_bits(
 
 
 def _slots(strategy: Strategy, bits: torch.Tensor | int) -> torch.Tensor:
-    """A vector with a slot per rank, this rank's holding ``bits``, the others zero."""
-    slots = torch.zeros(strategy.world_size, dtype=torch.int32, device=strategy.root_device)
-    slots[strategy.global_rank] = bits
+    """The words every rank sums: a 3-bit field per rank, this rank's holding ``bits``.
+
+    Ten ranks share an int32 word (the fields never overlap, so the sum is exact); a small
+    tensor travels in one round trip where gloo splits a longer one into several.
+    """
+    world_size, rank = strategy.world_size, strategy.global_rank
+    words = -(-world_size // _RANKS_PER_WORD)
+    slots = torch.zeros(words, dtype=torch.int32, device=strategy.root_device)
+    slots[rank // _RANKS_PER_WORD] = bits * (1 << (_FIELD_BITS * (rank % _RANKS_PER_WORD)))
     return slots
 
 
-def _decision(flags: list[int]) -> StepDecision:
+def _decision(words: list[int], world_size: int) -> StepDecision:
+    flags = [
+        (words[r // _RANKS_PER_WORD] >> (_FIELD_BITS * (r % _RANKS_PER_WORD))) & _FIELD_MASK
+        for r in range(world_size)
+    ]
     return StepDecision(
         skip=any(f & _SKIP for f in flags),
         nonfinite_ranks=tuple(r for r, f in enumerate(flags) if f & _NONFINITE),
