@@ -18,7 +18,7 @@ from accord.collectives import TorchCollective
 from accord.errors import ConfigurationError, NonFiniteValueError
 from accord.strategies import DDPStrategy
 from accord.testing import run_distributed
-from accord.trainer.step_decision import decide_step, start_step_decision
+from accord.trainer.step_decision import carried_decision, decide_step
 from conftest import run_python
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "preempt_fit.py")
@@ -126,12 +126,13 @@ class _Quiet(accord.Module):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def _count_collectives(rank: int, world_size: int) -> dict[str, int]:
+def _count_collectives(rank: int, world_size: int, accumulate: int) -> dict[str, int]:
     strategy = DDPStrategy(collective=CountingCollective())
     trainer = accord.Trainer(
         strategy=strategy,
         devices=2,
         accelerator="cpu",
+        accumulate_grad_batches=accumulate,
         max_epochs=1,
         logger=False,
         enable_checkpointing=False,
@@ -145,10 +146,12 @@ def _count_collectives(rank: int, world_size: int) -> dict[str, int]:
 
 @pytest.mark.timeout(180)
 def test_skip_nonfinite_and_preemption_share_one_all_reduce_per_batch() -> None:
-    results = run_distributed(_count_collectives, 2, timeout=150)
-    for result in results:
-        assert result["steps"] == 8
-        assert result == {"all_reduce": 8, "steps": 8}
+    """With an accumulation window the ranks agree before backward: one all_reduce per
+    batch. With one batch per step DDP's gradient reduction carries the answers: no
+    collective of their own."""
+    for accumulate, expected in ((2, {"all_reduce": 8, "steps": 4}), (1, {"steps": 8})):
+        for result in run_distributed(_count_collectives, 2, accumulate, timeout=150):
+            assert result == expected
 
 
 def _decide_at_twelve_ranks(rank: int, world_size: int) -> list[tuple[Any, ...]]:
@@ -162,11 +165,11 @@ def _decide_at_twelve_ranks(rank: int, world_size: int) -> list[tuple[Any, ...]]
     loss = None if rank == 5 else torch.tensor(math.nan if rank in (3, 11) else 1.0)
     decisions = [
         decide_step(strategy, loss, check_loss=True, signalled=rank == 10),  # type: ignore[arg-type]
-        start_step_decision(strategy, loss, signalled=rank == 10).wait(),  # type: ignore[arg-type]
+        carried_decision([4 * (r == 10) + 2 * (r in (3, 11)) + (r == 5) for r in range(12)]),
         decide_step(strategy, torch.tensor(0.0), check_loss=True, signalled=False),  # type: ignore[arg-type]
     ]
     collective.teardown()
-    return [(d.skip, d.nonfinite_ranks, d.preempt_ranks, d.all_skipped) for d in decisions]
+    return [(d.skip, d.nonfinite_ranks, d.preempt_ranks) for d in decisions]
 
 
 @pytest.mark.timeout(240)
@@ -174,5 +177,5 @@ def test_the_decision_names_every_rank_beyond_ten() -> None:
     """Ten ranks share a word of the decision: ranks 3 and 11 (different words) report a
     NaN, rank 5 skips and rank 10 was signalled, and all twelve ranks read the same."""
     results = run_distributed(_decide_at_twelve_ranks, 12, timeout=200)
-    expected = [(True, (3, 11), (10,), False)] * 2 + [(False, (), (), False)]
+    expected = [(True, (3, 11), (10,))] * 2 + [(False, (), ())]
     assert results == [expected] * 12

@@ -130,8 +130,12 @@ def move_to_device(batch: Any, device: torch.device) -> Any:
         return batch if batch.device == device else _to(batch, device)
     kind = type(batch)
     items = batch if kind is list or kind is tuple else batch.values() if kind is dict else None
-    if items is not None and all(isinstance(t, torch.Tensor) and t.device == device for t in items):
-        return batch
+    if items is not None:
+        for item in items:
+            if not (isinstance(item, torch.Tensor) and item.device == device):
+                break
+        else:
+            return batch
     return apply_to_collection(batch, torch.Tensor, _to, device)
 
 

@@ -38,6 +38,10 @@ T = TypeVar("T")
 _C = TypeVar("_C", bound=Collective)
 
 
+# Returned where a context has nothing to do; a nullcontext can be entered again and again.
+_NO_CONTEXT = contextlib.nullcontext()
+
+
 class Strategy(StrategyCheckpointing):
     """Base class of every strategy.
 
@@ -279,25 +283,30 @@ class Strategy(StrategyCheckpointing):
         """Backpropagate ``loss``."""
         self.precision.backward(loss)
 
-    def overlaps_step_decision(self, module: nn.Module) -> bool:
-        """Whether the loop may run a batch's backward while the ranks still agree on it.
+    def carries_step_decision(self, module: nn.Module) -> bool:
+        """Whether the gradient synchronisation of ``module``'s backward carries the loop's
+        per-batch decision (a skipped batch, a non-finite loss, a preemption signal).
 
-        The per-batch decision (a skipped batch, a non-finite loss, a preemption signal) is
-        one round trip. Where this is True the loop starts it, runs backward (whose gradient
-        synchronisation follows the decision's collective), and reads it after: a rank whose
-        ``training_step`` returned None then joins the others' backward with
-        `backward_without_loss`, and a batch some rank skipped has its gradients dropped.
-        The default, False, agrees before backward.
+        Where True, every backward the training loop runs goes through
+        `step_decision_term`, and with one batch per optimizer step the loop reads the
+        decision after backward (`read_step_decision`) instead of agreeing through the
+        collective first: a rank whose ``training_step`` returned None backpropagates the
+        term alone, and a batch some rank skipped has its gradients dropped on every rank.
+        The default, False: the ranks agree through the collective before backward.
         """
         return False
 
-    def backward_without_loss(self, module: nn.Module) -> None:
-        """Run a backward that adds zero gradients to every trainable parameter, so this
-        rank takes part in the gradient synchronisation of the others' backward (see
-        `overlaps_step_decision`)."""
-        params = [p for p in module.parameters() if p.requires_grad]
-        if params:
-            torch.stack([p.sum() for p in params]).sum().mul(0.0).backward()  # type: ignore[no-untyped-call]
+    def step_decision_term(
+        self, module: nn.Module, bits: int | torch.Tensor, loss: torch.Tensor | None
+    ) -> torch.Tensor:
+        """What the loop backpropagates where `carries_step_decision`: ``loss`` (or, for a
+        skipped batch, zero through every trainable parameter) plus a zero-valued term
+        whose gradient is this rank's ``bits``."""
+        raise NotImplementedError(f"{type(self).__name__} does not carry the step decision.")
+
+    def read_step_decision(self, module: nn.Module) -> list[int]:
+        """After the synchronised backward: every rank's bits, by rank (and clear them)."""
+        raise NotImplementedError(f"{type(self).__name__} does not carry the step decision.")
 
     def no_backward_sync(
         self, module: nn.Module, enabled: bool
@@ -308,7 +317,7 @@ class Strategy(StrategyCheckpointing):
         ``training_step``; there the context may be entered around the backward alone
         (`ManualOptimizer.toggle_model` with ``sync_grad=False``).
         """
-        return contextlib.nullcontext()
+        return _NO_CONTEXT
 
     def clip_gradients(
         self, module: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float

@@ -22,7 +22,12 @@ from accord.trainer.loops import (
 from accord.trainer.optimizers import optimizer_step, step_schedulers
 from accord.trainer.preemption import SignalFlag, save_and_stop
 from accord.trainer.state import RunState
-from accord.trainer.step_decision import decide_step, on_nonfinite, start_step_decision
+from accord.trainer.step_decision import (
+    carried_decision,
+    decide_step,
+    local_bits,
+    on_nonfinite,
+)
 
 if TYPE_CHECKING:
     from accord.trainer.trainer import Trainer
@@ -164,6 +169,8 @@ class FitLoop:
         return trainer.max_epochs is not None and trainer.current_epoch >= trainer.max_epochs
 
     def _step_schedulers(self, interval: str, count: int) -> None:
+        if not self.state.schedulers:
+            return
         model = self.state.module
         if model is not None and not model.automatic_optimization:
             # Under manual optimization training_step steps them, as in Lightning.
@@ -206,9 +213,11 @@ class FitLoop:
         after_backward = module_hook(model, "on_after_backward")
         batch_end = module_hook(model, "on_train_batch_end")
         callbacks_batch_end = callback_hooks(trainer, "on_train_batch_end")
-        # Every batch steps (no accumulation window to keep): the decision can travel
-        # while backward runs (`Strategy.overlaps_step_decision`).
-        overlap = accumulate == 1 and multi_rank and strategy.overlaps_step_decision(wrapped)
+        # Where the gradient reduction carries the decision, every backward carries this
+        # rank's bits; with one batch per step (no accumulation window to keep) the loop
+        # reads the decision after backward instead of agreeing first.
+        carried = multi_rank and strategy.carries_step_decision(wrapped)
+        overlap = carried and accumulate == 1
         ran = skipped = 0
         for batch_idx, batch in self._epoch_batches(loader):
             trainer.logger_step = trainer.global_step
@@ -228,12 +237,13 @@ class FitLoop:
                 # step one rank skips is skipped by all: a rank that went on to backward
                 # alone would wait for the others' gradients forever.
                 if overlap:
-                    pending = start_step_decision(strategy, loss, signalled)
+                    bits = local_bits(strategy, loss, check_loss=True, signalled=signalled)
+                    term = strategy.step_decision_term(wrapped, bits, loss)
                     if loss is not None:
-                        self._backward(loss, before_backward, after_backward)
-                    decision = pending.wait()
-                    if loss is None and not decision.all_skipped:
-                        strategy.backward_without_loss(wrapped)
+                        self._backward(loss, before_backward, after_backward, term)
+                    else:
+                        strategy.backward(term, wrapped)
+                    decision = carried_decision(strategy.read_step_decision(wrapped))
                 else:
                     decision = decide_step(strategy, loss, check_loss=True, signalled=signalled)
                 self.preempt_ranks = self.preempt_ranks or decision.preempt_ranks
@@ -259,7 +269,8 @@ class FitLoop:
                 if loss is not None and not overlap:
                     if accumulate > 1:
                         loss = loss / accumulate
-                    self._backward(loss, before_backward, after_backward)
+                    total_loss = strategy.step_decision_term(wrapped, 0, loss) if carried else loss
+                    self._backward(loss, before_backward, after_backward, total_loss)
             if is_step:
                 self._optimizer_step()
             step_metrics = metrics.flush_step(strategy)
@@ -336,12 +347,14 @@ class FitLoop:
         loss: torch.Tensor,
         before: Callable[[torch.Tensor], None] | None,
         after: Callable[[], None] | None,
+        total: torch.Tensor,
     ) -> None:
-        """The module's backward hooks around the strategy's backward of ``loss``."""
+        """The module's backward hooks (given ``loss``) around the strategy's backward of
+        ``total``: the loss, plus the step decision's term where the gradients carry it."""
         if before is not None:
             before(loss)
         assert self.state.wrapped is not None
-        self.trainer.strategy.backward(loss, self.state.wrapped)
+        self.trainer.strategy.backward(total, self.state.wrapped)
         if after is not None:
             after()
         self.window_has_backward = True

@@ -15,18 +15,17 @@ from dataclasses import dataclass
 
 import torch
 
-from accord.core.handle import CollectiveHandle
 from accord.core.strategy import Strategy
 from accord.errors import ConfigurationError, NonFiniteValueError
 
 __all__ = [
     "NONFINITE_MODES",
-    "PendingStepDecision",
     "StepDecision",
     "check_nonfinite_mode",
     "decide_step",
     "on_nonfinite",
-    "start_step_decision",
+    "carried_decision",
+    "local_bits",
 ]
 
 NONFINITE_MODES = ("raise", "skip_step", "warn")
@@ -57,13 +56,11 @@ class StepDecision:
         skip: some rank's ``training_step`` returned None, so no rank runs backward.
         nonfinite_ranks: the global ranks whose loss was NaN or infinite.
         preempt_ranks: the global ranks that received a preemption signal.
-        all_skipped: every rank's ``training_step`` returned None.
     """
 
     skip: bool
     nonfinite_ranks: tuple[int, ...]
     preempt_ranks: tuple[int, ...]
-    all_skipped: bool = False
 
     @property
     def preempt(self) -> bool:
@@ -79,44 +76,26 @@ def decide_step(
     ``check_loss``: whether to look for a non-finite ``loss`` at all. With one rank no
     collective runs.
     """
-    bits = _local_bits(strategy, loss, check_loss, signalled)
-    if strategy.world_size == 1:
-        return _decision([int(bits)], 1)
+    bits = local_bits(strategy, loss, check_loss, signalled)
+    world_size = strategy.world_size
+    if world_size == 1:
+        return _PLAIN if bits == 0 else _from_flags([int(bits)])
     slots = _slots(strategy, bits)
     words = strategy.collective.all_reduce(slots, "sum", out=slots).tolist()
-    return _decision(words, strategy.world_size)
+    return _decision(words, world_size)
 
 
-def start_step_decision(
-    strategy: Strategy, loss: torch.Tensor | None, signalled: bool
-) -> PendingStepDecision:
-    """Start `decide_step`'s collective (the loss checked) and return at once.
-
-    The loop runs this batch's backward while the answers travel and reads the decision
-    after it (`Strategy.overlaps_step_decision`); every rank calls it once per batch.
-    """
-    bits = _local_bits(strategy, loss, True, signalled)
-    slots = _slots(strategy, bits)
-    handle = strategy.collective.all_reduce(slots, "sum", out=slots, async_op=True)
-    return PendingStepDecision(handle, strategy.world_size)
+def carried_decision(flags: list[int]) -> StepDecision:
+    """The decision from every rank's bits as the gradient synchronisation carried them
+    (`Strategy.carries_step_decision`): ``flags[r]`` holds rank ``r``'s answers."""
+    return _PLAIN if not any(flags) else _from_flags(flags)
 
 
-class PendingStepDecision:
-    """A `StepDecision` whose collective is under way; `wait` returns it."""
-
-    def __init__(self, handle: CollectiveHandle, world_size: int) -> None:
-        self._handle = handle
-        self._world_size = world_size
-
-    def wait(self) -> StepDecision:
-        """Block until every rank's answers are in; the same decision on every rank."""
-        return _decision(self._handle.wait().tolist(), self._world_size)
-
-
-def _local_bits(
+def local_bits(
     strategy: Strategy, loss: torch.Tensor | None, check_loss: bool, signalled: bool
 ) -> torch.Tensor | int:
-    """This rank's answers as bits: a Python int, or a tensor on the loss's device."""
+    """This rank's answers for `decide_step` as bits: a Python int, or a tensor on the
+    loss's device (which the caller reads after the collective)."""
     local = (_SKIP if loss is None else 0) + (_SIGNAL if signalled else 0)
     if loss is None or not check_loss:
         return local
@@ -143,15 +122,23 @@ def _slots(strategy: Strategy, bits: torch.Tensor | int) -> torch.Tensor:
 
 
 def _decision(words: list[int], world_size: int) -> StepDecision:
-    flags = [
-        (words[r // _RANKS_PER_WORD] >> (_FIELD_BITS * (r % _RANKS_PER_WORD))) & _FIELD_MASK
-        for r in range(world_size)
-    ]
+    return _from_flags(
+        [
+            (words[r // _RANKS_PER_WORD] >> (_FIELD_BITS * (r % _RANKS_PER_WORD))) & _FIELD_MASK
+            for r in range(world_size)
+        ]
+    )
+
+
+_PLAIN = StepDecision(skip=False, nonfinite_ranks=(), preempt_ranks=())
+"""The decision of a batch on which no rank said anything (nearly every batch)."""
+
+
+def _from_flags(flags: list[int]) -> StepDecision:
     return StepDecision(
         skip=any(f & _SKIP for f in flags),
         nonfinite_ranks=tuple(r for r, f in enumerate(flags) if f & _NONFINITE),
         preempt_ranks=tuple(r for r, f in enumerate(flags) if f & _SIGNAL),
-        all_skipped=all(f & _SKIP for f in flags),
     )
 
 

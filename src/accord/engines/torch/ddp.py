@@ -36,6 +36,9 @@ __all__ = ["DDPStrategy"]
 
 GradientSync = Literal["native", "collective"]
 
+# The parameter of the wrapped `StepModule` whose gradient carries the step decision.
+_DECISION_SLOTS = "accord_step_decision"
+
 
 class DDPStrategy(ParallelStrategy):
     """Data parallel training with `torch.nn.parallel.DistributedDataParallel`.
@@ -119,8 +122,13 @@ class DDPStrategy(ParallelStrategy):
         kwargs = dict(self.ddp_kwargs)
         if kwargs["find_unused_parameters"] is None:
             kwargs["find_unused_parameters"] = self.run_settings.manual_optimization
+        step_module = StepModule(module)
+        if self._can_carry_decision(kwargs):
+            # One slot per rank; DDP averages its gradient along with the others.
+            slots = torch.zeros(self.world_size, device=self.root_device)
+            step_module.register_parameter(_DECISION_SLOTS, nn.Parameter(slots))
         wrapped = DistributedDataParallel(
-            StepModule(module),
+            step_module,
             device_ids=device_ids,
             process_group=self.process_group,
             **kwargs,
@@ -169,20 +177,61 @@ class DDPStrategy(ParallelStrategy):
             _prepare_manual_backward(module, loss)
         super().backward(loss, module)
 
-    @override
-    def overlaps_step_decision(self, module: nn.Module) -> bool:
-        """True for automatic optimization with DDP's default graph handling: there every
-        backward reduces every parameter's gradient, so a rank that skipped its batch can
-        join the others' reduction with zero gradients. Not with ``find_unused_parameters``
-        or ``static_graph`` (a zero backward would mark parameters ready twice), nor in
-        debug mode, where each collective is checked before it starts."""
+    def _can_carry_decision(self, ddp_kwargs: dict[str, Any]) -> bool:
+        """Whether DDP's gradient reduction can carry the step decision: every backward
+        then reduces every parameter (no ``find_unused_parameters`` or ``static_graph``),
+        gradients are not scaled (no fp16 loss scaler), automatic optimization, and no
+        debug mode (which checks each collective before it starts)."""
         return (
-            isinstance(module, DistributedDataParallel)
+            self.world_size > 1
             and not self.run_settings.manual_optimization
-            and not module.find_unused_parameters
-            and not module.static_graph
+            and not ddp_kwargs.get("find_unused_parameters")
+            and not ddp_kwargs.get("static_graph")
+            and self.precision.scaler is None
             and not has_layer(self.collective, DebugCollective)
         )
+
+    @override
+    def carries_step_decision(self, module: nn.Module) -> bool:
+        """True where DDP's gradient reduction carries the decision (see `setup_module`):
+        it then costs no collective of its own, and under load no second meeting of the
+        ranks per step."""
+        return isinstance(module, DistributedDataParallel) and hasattr(
+            module.module, _DECISION_SLOTS
+        )
+
+    @override
+    def step_decision_term(
+        self, module: nn.Module, bits: int | torch.Tensor, loss: torch.Tensor | None
+    ) -> torch.Tensor:
+        # The parameter stays zero, so the term adds nothing to the loss's value; its
+        # gradient is ``bits`` in this rank's slot and zero in the others.
+        own_slot = self._decision_slots(module)[self.global_rank]
+        term = own_slot * (bits if isinstance(bits, int) else bits.to(own_slot.dtype))
+        if loss is not None:
+            return loss + term.to(loss.dtype)
+        # A skipped batch: zero gradients for every parameter, so this rank's reduction
+        # meets the other ranks'.
+        inner = self.unwrap(module)
+        zeros = [p.sum().float() * 0.0 for p in inner.parameters() if p.requires_grad]
+        return term + torch.stack(zeros).sum() if zeros else term
+
+    @override
+    def read_step_decision(self, module: nn.Module) -> list[int]:
+        grad = self._decision_slots(module).grad
+        if grad is None:
+            raise RuntimeError("read_step_decision before a backward of step_decision_term.")
+        # DDP averaged the slots: each holds one rank's bits over the world size.
+        world_size = self.world_size
+        flags = [round(v * world_size) for v in grad.tolist()]
+        grad.zero_()
+        return flags
+
+    @staticmethod
+    def _decision_slots(module: nn.Module) -> nn.Parameter:
+        assert isinstance(module, DistributedDataParallel)
+        slots: nn.Parameter = getattr(module.module, _DECISION_SLOTS)
+        return slots
 
     @override
     def no_backward_sync(
