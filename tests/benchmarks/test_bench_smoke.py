@@ -91,5 +91,5 @@ def test_accord_syncs_ten_logged_metrics_in_one_collective(smoke_runs: dict[str,
     assert payload is not None, output
     counts = next(s for s in payload["sections"] if s["key"] == "logging_collectives")
     accord = next(row for row in counts["rows"] if row["contestant"] == "accord")
-    # One all_gather carries the ten metrics; one all_reduce is the step decision.
-    assert accord["median"] == 2, counts
+    # One all_gather carries the ten metrics; the step decision rides in DDP's gradients.
+    assert accord["median"] == 1, counts
