@@ -29,6 +29,7 @@ from accord.strategies import DDPStrategy
 from accord.testing import run_distributed
 from accord.trace import first_divergence, load, summarize
 from accord.trace.__main__ import main as trace_main
+from accord.trace.records import RankCalls
 
 THIS_FILE = str(Path(__file__).resolve())
 
@@ -309,3 +310,21 @@ def test_the_timeline_reuses_the_recorder_debug_mode_brings(tmp_path: Path) -> N
     slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert {e["pid"] for e in slices} == {0, 1}
     assert len(slices) == sum(result["calls"] for result in results)
+
+
+def test_the_summary_counts_no_waiting_where_the_ranks_made_different_calls() -> None:
+    """At a sequence number where rank 0 sat in a barrier and rank 1 in an all_reduce
+    (a desync), neither was waiting for the other; the calls both made still count."""
+
+    def call(seq: int, op: str, start: float, end: float) -> dict[str, Any]:
+        return {"seq": seq, "op": op, "start": start, "end": end, "bytes": 4}
+
+    ranks = [
+        RankCalls(0, 2, [call(1, "all_gather", 0.0, 0.5), call(2, "barrier", 1.0, 9.0)]),
+        RankCalls(1, 2, [call(1, "all_gather", 0.4, 0.5), call(2, "all_reduce", 1.0, 1.1)]),
+    ]
+    summary = summarize(ranks)
+    assert summary.ops[0]["all_gather"].waiting == pytest.approx(0.4)
+    assert summary.ops[0]["barrier"].waiting == 0.0
+    assert summary.ops[1]["all_reduce"].waiting == 0.0
+    assert summary.straggler == 1

@@ -48,7 +48,8 @@ class Summary:
 def summarize(ranks: Sequence[RankCalls]) -> Summary:
     """Total every rank's finished calls per op and find the straggler."""
     summary = Summary()
-    durations: dict[int, dict[int, float]] = {}
+    # seq -> rank -> (op, seconds) of the finished calls.
+    durations: dict[int, dict[int, tuple[str, float]]] = {}
     for entry in ranks:
         per_op = summary.ops.setdefault(entry.rank, {})
         summary.waited_for.setdefault(entry.rank, 0.0)
@@ -61,21 +62,19 @@ def summarize(ranks: Sequence[RankCalls]) -> Summary:
             row.bytes += int(call.get("bytes") or 0)
             row.seconds += seconds
             if call.get("seq") is not None:
-                durations.setdefault(int(call["seq"]), {})[entry.rank] = seconds
-    ops_by_seq = {
-        int(call["seq"]): call["op"]
-        for entry in ranks
-        for call in entry.calls
-        if call.get("seq") is not None
-    }
+                durations.setdefault(int(call["seq"]), {})[entry.rank] = (call["op"], seconds)
     everyone = {entry.rank for entry in ranks}
-    for seq, by_rank in durations.items():
+    for by_rank in durations.values():
+        # Only a call every rank made, the same op everywhere: where the ranks' calls
+        # differ (a desync) they were not waiting for each other in one call.
         if set(by_rank) != everyone or len(by_rank) < 2:
             continue
-        last_in = min(by_rank, key=lambda rank: (by_rank[rank], rank))
-        shortest = by_rank[last_in]
-        for rank, seconds in by_rank.items():
-            summary.ops[rank][ops_by_seq[seq]].waiting += seconds - shortest
+        if len({op for op, _ in by_rank.values()}) > 1:
+            continue
+        last_in = min(by_rank, key=lambda rank: (by_rank[rank][1], rank))
+        shortest = by_rank[last_in][1]
+        for rank, (op, seconds) in by_rank.items():
+            summary.ops[rank][op].waiting += seconds - shortest
             summary.waited_for[last_in] += seconds - shortest
     if summary.waited_for and len(everyone) > 1:
         rank = max(summary.waited_for, key=lambda r: (summary.waited_for[r], -r))
