@@ -46,6 +46,37 @@ trainer.fit(SlowTeardownModel(1, "kill", seconds=1.0), loader(16))
 """
 
 
+# A ddp script whose local rank 1 finishes its work and then dies as it exits.
+ABORT_AT_EXIT_SCRIPT = f"""
+import atexit
+import os
+import sys
+import time
+
+sys.path.insert(0, {str(STRATEGIES)!r})
+
+from models import LinearModel, loader
+
+import accord
+
+if os.environ.get("LOCAL_RANK") == "1":
+    # Late enough that rank 0 is exiting too: it is the launcher's last word that reports it.
+    atexit.register(lambda: (time.sleep(2), os.abort()))
+trainer = accord.Trainer(
+    strategy="ddp",
+    devices=2,
+    accelerator="cpu",
+    max_epochs=1,
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+)
+trainer.fit(LinearModel(), loader(16))
+if trainer.global_rank == 0:
+    print("rank 0 finished")
+"""
+
+
 def _processes_mentioning(marker: str) -> list[int]:
     """Pids of live processes whose command line contains ``marker``."""
     found = []
@@ -223,3 +254,14 @@ def test_which_errors_are_communication_errors() -> None:
             raise ValueError("while logging the loss") from err
     except ValueError as err:
         assert is_communication_error(err)
+
+
+@pytest.mark.timeout(90)
+def test_popen_child_that_dies_as_it_exits_is_reported(tmp_path: Path) -> None:
+    script = tmp_path / "abort_at_exit.py"
+    script.write_text(ABORT_AT_EXIT_SCRIPT)
+    result = _run_python(str(script))
+    assert "rank 0 finished" in result.stdout, result.stderr
+    assert "local rank 1 was killed by signal 6" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert _processes_mentioning(str(tmp_path)) == []

@@ -12,6 +12,10 @@ timeout inside an op is raised as `CollectiveTimeoutError` (`backend_timeouts`).
 primitives and, where its engine needs them, the hooks `_prepare`, `_join`,
 `_init_with_method` and `_destroy`.
 
+The tensors an op hands to the backend go through `ProcessGroupCollective._lend`, which
+keeps them until gloo's worker threads let go (`accord.core.lending`); ``teardown()`` waits
+for that, so a process never aborts at exit over an op's tensors.
+
 torch.distributed is imported when a group is set up, not when this module is.
 """
 
@@ -28,6 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from typing_extensions import Self, override
 
+from accord.core.lending import LentTensors
 from accord.core.membership import MemberCollective
 from accord.core.rendezvous import init_group_on_shared_store
 from accord.errors import CollectiveError, CollectiveTimeoutError, ConfigurationError
@@ -185,6 +190,7 @@ class ProcessGroupCollective(MemberCollective):
         self.timeout = as_timedelta(timeout)
         self._init_method = init_method
         self._group: ProcessGroup | None = None
+        self._lent = LentTensors()
         super().__init__()
 
     # ----------------------------------------------------------------- identity
@@ -215,6 +221,11 @@ class ProcessGroupCollective(MemberCollective):
     def _op(self, name: str) -> AbstractContextManager[None]:
         """Around a primitive: the backend's timeout inside ``name`` as `CollectiveTimeoutError`."""
         return backend_timeouts(name, self._rank, self.timeout)
+
+    def _lend(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` as an op hands it to the backend: every tensor an op passes goes
+        through here, and stays alive until the backend lets go of it."""
+        return self._lent.lend(tensor)
 
     # ---------------------------------------------------------------- lifecycle
     @override
@@ -313,11 +324,16 @@ class ProcessGroupCollective(MemberCollective):
 
     @override
     def teardown(self) -> Self:
-        """Destroy the process group if `setup` created it; a no-op when called again."""
+        """Destroy the process group if `setup` created it; a no-op when called again.
+
+        First waits (at most 5 s) until the backend holds none of the tensors this
+        collective's ops handed it: an asynchronous op nobody waited for finishes first.
+        """
         if not self._ready:
             return self
         import torch.distributed as dist
 
+        self._lent.collect()
         if self._created and dist.is_initialized():
             self._destroy()
         self._ready = False

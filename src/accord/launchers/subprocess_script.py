@@ -256,13 +256,35 @@ class SubprocessScriptLauncher(Launcher):
             return True
 
     def _reap(self) -> None:
+        """At exit: wait for the children (kill those still running after the grace
+        period), and say which one ended badly after its work had succeeded."""
+        with self._lock:
+            reported = self._handling or self._failure is not None
+            self._handling = True  # the watcher no longer acts: rank 0 is exiting
+            self._handled.set()
         deadline = time.monotonic() + self.failure_grace
-        for child in self.children:
+        for local_rank, child in enumerate(self.children, start=1):
             try:
-                child.wait(max(0.1, deadline - time.monotonic()))
+                code = child.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
+                if reported:
+                    continue
+                print(
+                    f"[accord] local rank {local_rank} was still running {self.failure_grace:g} "
+                    "s after rank 0 finished; it was killed.",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                continue
+            if not reported and code not in (0, PREEMPTED_EXIT_CODE):
+                print(
+                    f"[accord] local rank {local_rank} {_how(code)} as it exited, after rank 0 "
+                    "had finished; its output above says why.",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
 
 def _how(code: int) -> str:

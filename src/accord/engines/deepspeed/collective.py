@@ -152,27 +152,27 @@ class DeepSpeedCollective(ProcessGroupCollective):
     @override
     def _all_reduce_(self, buffer: torch.Tensor, op: ReduceOp) -> None:
         with self._op("all_reduce"):
-            self._comm.all_reduce(buffer, op=_ds_op(self._comm, op))
+            self._comm.all_reduce(self._lend(buffer), op=_ds_op(self._comm, op))
 
     @override
     def _all_reduce_async_(
         self, buffer: torch.Tensor, op: ReduceOp
     ) -> torch.futures.Future[Any] | None:
         # A backend timeout shows when the work completes: the handle translates it (`_op`).
-        work = self._comm.all_reduce(buffer, op=_ds_op(self._comm, op), async_op=True)
+        work = self._comm.all_reduce(self._lend(buffer), op=_ds_op(self._comm, op), async_op=True)
         future: torch.futures.Future[Any] = work.get_future()
         return future
 
     @override
     def _broadcast_(self, buffer: torch.Tensor, src: int) -> None:
         with self._op("broadcast"):
-            self._comm.broadcast(byte_view(buffer), src=src)
+            self._comm.broadcast(self._lend(byte_view(buffer)), src=src)
 
     @override
     def _all_gather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
         with self._op("all_gather"):
             self._comm.all_gather_into_tensor(
-                byte_view(output).view(-1), byte_view(tensor).view(-1)
+                self._lend(byte_view(output).view(-1)), self._lend(byte_view(tensor).view(-1))
             )
 
     @override
@@ -181,7 +181,7 @@ class DeepSpeedCollective(ProcessGroupCollective):
     ) -> None:
         with self._op("reduce_scatter"):
             self._comm.reduce_scatter_tensor(
-                output.view(-1), tensor.view(-1), op=_ds_op(self._comm, op)
+                self._lend(output.view(-1)), self._lend(tensor.view(-1)), op=_ds_op(self._comm, op)
             )
 
     @override
@@ -192,29 +192,35 @@ class DeepSpeedCollective(ProcessGroupCollective):
     @override
     def _send(self, tensor: torch.Tensor, dst: int) -> None:
         with self._op("send"):
-            self._comm.send(byte_view(tensor), dst=dst)
+            self._comm.send(self._lend(byte_view(tensor)), dst=dst)
 
     @override
     def _recv_(self, buffer: torch.Tensor, src: int) -> None:
         with self._op("recv"):
-            self._comm.recv(byte_view(buffer), src=src)
+            self._comm.recv(self._lend(byte_view(buffer)), src=src)
 
     @override
     def _gather_into(self, output: torch.Tensor | None, tensor: torch.Tensor, dst: int) -> None:
-        rows = list(byte_view(output).unbind(0)) if output is not None else None
+        rows = (
+            [self._lend(row) for row in byte_view(output).unbind(0)] if output is not None else None
+        )
         with self._op("gather"):
-            self._comm.gather(byte_view(tensor), gather_list=rows, dst=dst)
+            self._comm.gather(self._lend(byte_view(tensor)), gather_list=rows, dst=dst)
 
     @override
     def _scatter_into(self, output: torch.Tensor, tensor: torch.Tensor | None, src: int) -> None:
-        rows = list(byte_view(tensor).unbind(0)) if tensor is not None else None
+        rows = (
+            [self._lend(row) for row in byte_view(tensor).unbind(0)] if tensor is not None else None
+        )
         with self._op("scatter"):
-            self._comm.scatter(byte_view(output), scatter_list=rows, src=src)
+            self._comm.scatter(self._lend(byte_view(output)), scatter_list=rows, src=src)
 
     @override
     def _all_to_all_into(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
         with self._op("all_to_all"):
-            self._comm.all_to_all_single(byte_view(output), byte_view(tensor))
+            self._comm.all_to_all_single(
+                self._lend(byte_view(output)), self._lend(byte_view(tensor))
+            )
 
 
 def _ds_op(comm: ModuleType, op: ReduceOp) -> Any:

@@ -255,7 +255,7 @@ class TorchCollective(ProcessGroupCollective):
         import torch.distributed as dist
 
         with self._op("all_reduce"):
-            dist.all_reduce(buffer, op=_torch_op(op), group=self._group)
+            dist.all_reduce(self._lend(buffer), op=_torch_op(op), group=self._group)
 
     @override
     def _all_reduce_async_(
@@ -264,7 +264,9 @@ class TorchCollective(ProcessGroupCollective):
         import torch.distributed as dist
 
         # A backend timeout shows when the work completes: the handle translates it (`_op`).
-        work = dist.all_reduce(buffer, op=_torch_op(op), group=self._group, async_op=True)
+        work = dist.all_reduce(
+            self._lend(buffer), op=_torch_op(op), group=self._group, async_op=True
+        )
         assert work is not None
         future: torch.futures.Future[Any] = work.get_future()
         return future
@@ -274,7 +276,7 @@ class TorchCollective(ProcessGroupCollective):
         import torch.distributed as dist
 
         with self._op("broadcast"):
-            dist.broadcast(byte_view(buffer), src=self._global(src), group=self._group)
+            dist.broadcast(self._lend(byte_view(buffer)), src=self._global(src), group=self._group)
 
     @override
     def _all_gather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
@@ -283,7 +285,11 @@ class TorchCollective(ProcessGroupCollective):
         # The *_single ops (torch >= 2.13) replace the deprecated *_into_tensor names.
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         with self._op("all_gather"):
-            gather(byte_view(output).view(-1), byte_view(tensor).view(-1), group=self._group)
+            gather(
+                self._lend(byte_view(output).view(-1)),
+                self._lend(byte_view(tensor).view(-1)),
+                group=self._group,
+            )
 
     @override
     def _reduce_scatter_into(
@@ -293,7 +299,12 @@ class TorchCollective(ProcessGroupCollective):
 
         scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
         with self._op("reduce_scatter"):
-            scatter(output.view(-1), tensor.view(-1), op=_torch_op(op), group=self._group)
+            scatter(
+                self._lend(output.view(-1)),
+                self._lend(tensor.view(-1)),
+                op=_torch_op(op),
+                group=self._group,
+            )
 
     @override
     def _barrier(self) -> None:
@@ -307,37 +318,47 @@ class TorchCollective(ProcessGroupCollective):
         import torch.distributed as dist
 
         with self._op("send"):
-            dist.send(byte_view(tensor), dst=self._global(dst), group=self._group)
+            dist.send(self._lend(byte_view(tensor)), dst=self._global(dst), group=self._group)
 
     @override
     def _recv_(self, buffer: torch.Tensor, src: int) -> None:
         import torch.distributed as dist
 
         with self._op("recv"):
-            dist.recv(byte_view(buffer), src=self._global(src), group=self._group)
+            dist.recv(self._lend(byte_view(buffer)), src=self._global(src), group=self._group)
 
     @override
     def _gather_into(self, output: torch.Tensor | None, tensor: torch.Tensor, dst: int) -> None:
         import torch.distributed as dist
 
-        rows = list(byte_view(output).unbind(0)) if output is not None else None
+        rows = (
+            [self._lend(row) for row in byte_view(output).unbind(0)] if output is not None else None
+        )
         with self._op("gather"):
-            dist.gather(byte_view(tensor), rows, dst=self._global(dst), group=self._group)
+            dist.gather(
+                self._lend(byte_view(tensor)), rows, dst=self._global(dst), group=self._group
+            )
 
     @override
     def _scatter_into(self, output: torch.Tensor, tensor: torch.Tensor | None, src: int) -> None:
         import torch.distributed as dist
 
-        rows = list(byte_view(tensor).unbind(0)) if tensor is not None else None
+        rows = (
+            [self._lend(row) for row in byte_view(tensor).unbind(0)] if tensor is not None else None
+        )
         with self._op("scatter"):
-            dist.scatter(byte_view(output), rows, src=self._global(src), group=self._group)
+            dist.scatter(
+                self._lend(byte_view(output)), rows, src=self._global(src), group=self._group
+            )
 
     @override
     def _all_to_all_into(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
         import torch.distributed as dist
 
         with self._op("all_to_all"):
-            dist.all_to_all_single(byte_view(output), byte_view(tensor), group=self._group)
+            dist.all_to_all_single(
+                self._lend(byte_view(output)), self._lend(byte_view(tensor)), group=self._group
+            )
 
 
 _TORCH_OPS: dict[ReduceOp, Any] = {}
