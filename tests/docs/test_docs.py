@@ -94,6 +94,7 @@ SUBMODULES = (
     "accord.core.checkpointing",
     "accord.core.run_settings",
     "accord.core.process_group",
+    "accord.core.lending",
     "accord.core.rendezvous",
     "accord.engines.torch.fsdp_checkpoint",
     "accord.engines.torch.fsdp_units",

@@ -22,32 +22,11 @@ from accord.testing import run_distributed
 STRATEGIES = Path(__file__).parents[1] / "strategies"
 SCRIPT = str(STRATEGIES / "scripts" / "fit.py")
 
-# A ddp script whose rank 0 is still tearing down (for longer than the launcher's watcher
-# takes to notice) when its peer is SIGKILLed.
-SLOW_TEARDOWN_SCRIPT = f"""
-import sys
 
-sys.path.insert(0, {str(STRATEGIES)!r})
-
-from models import SlowTeardownModel, loader
-
-import accord
-
-trainer = accord.Trainer(
-    strategy="ddp",
-    devices=2,
-    accelerator="cpu",
-    max_epochs=1,
-    logger=False,
-    enable_checkpointing=False,
-    enable_progress_bar=False,
-)
-trainer.fit(SlowTeardownModel(1, "kill", seconds=1.0), loader(16))
-"""
-
-
-# A ddp script whose local rank 1 finishes its work and then dies as it exits.
-ABORT_AT_EXIT_SCRIPT = f"""
+def _ddp_script(model: str, before: str = "", after: str = "") -> str:
+    """A two-rank ddp script (one epoch on the CPU) that fits ``model``, a ``models`` class
+    called with its arguments, with ``before`` and ``after`` the fit."""
+    return f"""
 import atexit
 import os
 import sys
@@ -55,13 +34,11 @@ import time
 
 sys.path.insert(0, {str(STRATEGIES)!r})
 
-from models import LinearModel, loader
+from models import {model.partition("(")[0]}, loader
 
 import accord
 
-if os.environ.get("LOCAL_RANK") == "1":
-    # Late enough that rank 0 is exiting too: it is the launcher's last word that reports it.
-    atexit.register(lambda: (time.sleep(2), os.abort()))
+{before}
 trainer = accord.Trainer(
     strategy="ddp",
     devices=2,
@@ -71,10 +48,23 @@ trainer = accord.Trainer(
     enable_checkpointing=False,
     enable_progress_bar=False,
 )
-trainer.fit(LinearModel(), loader(16))
-if trainer.global_rank == 0:
-    print("rank 0 finished")
+trainer.fit({model}, loader(16))
+{after}
 """
+
+
+# Rank 0 is still tearing down (for longer than the launcher's watcher takes to notice)
+# when its peer is SIGKILLed.
+SLOW_TEARDOWN_SCRIPT = _ddp_script('SlowTeardownModel(1, "kill", seconds=1.0)')
+
+# Local rank 1 finishes its work and then dies as it exits, late enough that rank 0 is
+# exiting too: the launcher's last word must report it.
+ABORT_AT_EXIT_SCRIPT = _ddp_script(
+    "LinearModel()",
+    before='if os.environ.get("LOCAL_RANK") == "1":\n'
+    "    atexit.register(lambda: (time.sleep(2), os.abort()))",
+    after='if trainer.global_rank == 0:\n    print("rank 0 finished")',
+)
 
 
 def _processes_mentioning(marker: str) -> list[int]:

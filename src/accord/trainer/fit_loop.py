@@ -19,6 +19,7 @@ from accord.trainer.loops import (
     log_metrics,
     module_hook,
 )
+from accord.trainer.manual_loop import manual_epoch
 from accord.trainer.optimizers import optimizer_step, step_schedulers
 from accord.trainer.preemption import SignalFlag, save_and_stop
 from accord.trainer.state import RunState
@@ -32,7 +33,7 @@ from accord.trainer.step_decision import (
 if TYPE_CHECKING:
     from accord.trainer.trainer import Trainer
 
-__all__ = ["FitLoop", "check_manual", "loss_of"]
+__all__ = ["FitLoop", "loss_of"]
 
 
 def loss_of(output: Any) -> torch.Tensor | None:
@@ -112,7 +113,7 @@ class FitLoop:
             if model.automatic_optimization:
                 self._train_epoch(train_loader, val_loader)
             else:
-                self._manual_epoch(train_loader, val_loader)
+                manual_epoch(self, train_loader, val_loader)
             model.on_train_epoch_end()
             log_metrics(trainer, state.metrics.flush_epoch(trainer.strategy, "train"))
             # Before the callbacks, so a checkpoint saved at the end of the epoch holds the
@@ -177,7 +178,8 @@ class FitLoop:
             return
         step_schedulers(self.state.schedulers, interval, count, self.trainer.callback_metrics)
 
-    def _epoch_batches(self, loader: Iterable[Any]) -> Iterator[tuple[int, Any]]:
+    def batches(self, loader: Iterable[Any]) -> Iterator[tuple[int, Any]]:
+        """This epoch's ``(batch_idx, batch)`` pairs, from where a resumed run stopped."""
         state = self.state
         # On resume, the RNG is put back where the interrupted run had it when this epoch's
         # iterator was made (so a shuffled order repeats), then where it was at the save.
@@ -205,7 +207,7 @@ class FitLoop:
         assert model is not None and wrapped is not None
         accumulate = trainer.accumulate_grad_batches
         total = trainer.num_training_batches
-        val_every = self._val_every(total)
+        val_every = self.val_every(total)
         multi_rank = strategy.world_size > 1
         # The hooks a batch calls, resolved once: the ones the user did not define do nothing.
         batch_start = module_hook(model, "on_train_batch_start")
@@ -219,7 +221,7 @@ class FitLoop:
         carried = multi_rank and strategy.carries_step_decision(wrapped)
         overlap = carried and accumulate == 1
         ran = skipped = 0
-        for batch_idx, batch in self._epoch_batches(loader):
+        for batch_idx, batch in self.batches(loader):
             trainer.logger_step = trainer.global_step
             batch = strategy.batch_to_device(batch)
             strategy.on_train_batch_start(batch_idx, last=batch_idx + 1 == total)
@@ -283,13 +285,7 @@ class FitLoop:
                 batch_end(output, batch, batch_idx)
             if self.preempt_ranks and is_step:
                 save_and_stop(trainer, self.preempt_ranks, self.signals.received)
-            if val_loader is not None and self._should_validate(batch_idx, val_every):
-                evaluate(trainer, state, "validate", val_loader)
-                model.train()
-                metrics.stage = "train"
-            if trainer.should_stop or (
-                trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps
-            ):
+            if self.after_batch(batch_idx, val_every, val_loader):
                 break
         if ran and skipped == ran and not self.warned_all_skipped:
             self.warned_all_skipped = True
@@ -300,47 +296,6 @@ class FitLoop:
                 "to skip a batch on purpose.",
                 category=UserWarning,
             )
-
-    def _manual_epoch(self, loader: Iterable[Any], val_loader: Iterable[Any] | None) -> None:
-        """An epoch of ``automatic_optimization = False``: ``training_step`` runs its own
-        backward and optimizer steps; each ``step()`` counts one ``global_step``."""
-        trainer, state = self.trainer, self.state
-        model, strategy, wrapped, metrics = (
-            state.module,
-            trainer.strategy,
-            state.wrapped,
-            state.metrics,
-        )
-        assert model is not None and wrapped is not None
-        check_manual(trainer)
-        total = trainer.num_training_batches
-        val_every = self._val_every(total)
-        for batch_idx, batch in self._epoch_batches(loader):
-            trainer.logger_step = steps_before = trainer.global_step
-            batch = strategy.batch_to_device(batch)
-            strategy.on_train_batch_start(batch_idx, last=batch_idx + 1 == total)
-            model.on_train_batch_start(batch, batch_idx)
-            metrics.in_step = True
-            with strategy.forward_context():
-                output = strategy.step(wrapped, "training_step", batch, batch_idx)
-            metrics.in_step = False
-            metrics.end_training_step(skipped=False)
-            step_metrics = metrics.flush_step(strategy)
-            if trainer.global_step > steps_before and (
-                trainer.global_step % trainer.log_every_n_steps == 0
-            ):
-                log_metrics(trainer, step_metrics)
-            state.batches_done = batch_idx + 1
-            call_callbacks(trainer, "on_train_batch_end", output, batch, batch_idx)
-            model.on_train_batch_end(output, batch, batch_idx)
-            if val_loader is not None and self._should_validate(batch_idx, val_every):
-                evaluate(trainer, state, "validate", val_loader)
-                model.train()
-                metrics.stage = "train"
-            if trainer.should_stop or (
-                trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps
-            ):
-                break
 
     def _backward(
         self,
@@ -359,13 +314,27 @@ class FitLoop:
             after()
         self.window_has_backward = True
 
-    def _val_every(self, total: int) -> int:
+    def val_every(self, total: int) -> int:
+        """Validate every this many batches of an epoch of ``total`` (`val_check_interval`)."""
         interval = self.trainer.val_check_interval
         if interval is None:
             return total
         if isinstance(interval, float):
             return max(1, int(total * interval))
         return interval
+
+    def after_batch(self, batch_idx: int, val_every: int, val_loader: Iterable[Any] | None) -> bool:
+        """Validate if it is due after ``batch_idx``; whether the epoch stops here (a
+        stop was asked for, or ``max_steps`` is reached)."""
+        trainer, state = self.trainer, self.state
+        if val_loader is not None and self._should_validate(batch_idx, val_every):
+            evaluate(trainer, state, "validate", val_loader)
+            assert state.module is not None
+            state.module.train()
+            state.metrics.stage = "train"
+        return trainer.should_stop or (
+            trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps
+        )
 
     def _should_validate(self, batch_idx: int, every: int) -> bool:
         trainer = self.trainer
@@ -400,30 +369,3 @@ class FitLoop:
         self.window_has_backward = False
         trainer.global_step += 1
         self._step_schedulers("step", trainer.global_step)
-
-
-def check_manual(trainer: Trainer) -> None:
-    """Refuse what manual optimization leaves to ``training_step``, and the strategies
-    that do not run it (`Strategy.check_manual_optimization`).
-
-    The Trainer calls it before it starts any process, and again as training starts.
-
-    Raises:
-        ConfigurationError: ``gradient_clip_val`` or ``accumulate_grad_batches`` set, or
-            a strategy that does not run manual optimization (FSDP, DeepSpeed, Horovod,
-            XLA).
-    """
-    if trainer.gradient_clip_val is not None:
-        raise ConfigurationError(
-            "Trainer(gradient_clip_val=...) does not apply under manual optimization "
-            "(automatic_optimization = False); call self.clip_gradients(optimizer, value) "
-            "in training_step before optimizer.step()."
-        )
-    if trainer.accumulate_grad_batches != 1:
-        raise ConfigurationError(
-            "Trainer(accumulate_grad_batches=...) does not apply under manual optimization; "
-            "step the optimizers every N batches yourself in training_step (under DDP, "
-            "backward inside `with optimizer.toggle_model(sync_grad=False)` on the batches "
-            "that do not step skips the gradient all-reduce)."
-        )
-    trainer.strategy.check_manual_optimization()

@@ -16,7 +16,7 @@ from accord.module import Module
 from accord.trainer.arguments import check_limit, check_positive
 from accord.trainer.checkpointing import checkpoint_state
 from accord.trainer.data import module_loader, overrides
-from accord.trainer.fit_loop import check_manual
+from accord.trainer.manual_loop import check_manual
 from accord.trainer.recovery import restart_checkpoint
 from accord.trainer.run import run_stage
 from accord.trainer.state import RankZeroResults

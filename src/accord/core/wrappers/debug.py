@@ -33,7 +33,6 @@ collective through `accord.core.wrappers.policy.maybe_debug`), or wrap a collect
 
 from __future__ import annotations
 
-import array
 import ctypes
 import functools
 import pickle
@@ -43,9 +42,7 @@ from typing import Any, TypeVar, cast
 import torch
 from typing_extensions import Self, override
 
-from accord.core.buffers import check_out, finish
 from accord.core.collective import Collective, ReduceOp, ReduceOpLike
-from accord.core.reduce_op import OP_SPELLINGS, reduce_dtypes
 from accord.core.wrappers.debug_fingerprint import (
     _CHECK_ONLY,
     _DEFAULT_FIELDS,
@@ -55,10 +52,7 @@ from accord.core.wrappers.debug_fingerprint import (
     _INVALID,
     _NONE,
     _OP_IDS,
-    _ORDERED,
-    _PAYLOAD_BYTES,
     _REDUCE_IDS,
-    _REDUCIBLE,
     _ROW_WORDS,
     _STRICT_FIELDS,
     _TENSOR_OPS,
@@ -68,7 +62,10 @@ from accord.core.wrappers.debug_fingerprint import (
     _mismatch_message,
     _site_hash,
     _where,
+    parsed_op,
+    shape_id,
 )
+from accord.core.wrappers.debug_fold import Rows, foldable, folded_result
 from accord.core.wrappers.recorder import leave_trace
 from accord.core.wrappers.wrapper import CallSite, CollectiveWrapper, OpCall, call_site
 from accord.errors import CollectiveMismatchError
@@ -109,7 +106,7 @@ class DebugCollective(CollectiveWrapper):
         self._peer_calls: dict[int, int] = {}
         self._device: torch.device | None = None  # object_device, looked up once per setup
         # The check's rows on the CPU, over a reused array (made on first use after setup).
-        self._slots: _Rows | None = None
+        self._slots: Rows | None = None
 
     @property
     def calls_checked(self) -> int:
@@ -198,7 +195,7 @@ class DebugCollective(CollectiveWrapper):
         site = call_site()[0] if self.compare_call_sites else None
         values, error = self._fingerprint(call, site, self._calls)
         mode = _CHECK_ONLY
-        if fold and error is None and _foldable(call, world_size):
+        if fold and error is None and foldable(call, world_size):
             mode = _FOLDED
         payload = call.tensor if mode == _FOLDED else None
         agreed, rows = self._exchange(values, mode, payload)
@@ -207,7 +204,7 @@ class DebugCollective(CollectiveWrapper):
                 raise error  # every rank made the same invalid call: each raises its own
             if rows is None:
                 return perform()
-            compute = self._complete(call, rows, out)
+            compute = folded_result(call, rows, out)
             if compute is None:
                 return perform()  # the backend's result depends on the operands' order
             # The folded op's result is the one ``perform`` would have returned.
@@ -267,7 +264,7 @@ class DebugCollective(CollectiveWrapper):
                 self._check_ready(call.op, tensor)
             if call.reduce_op is not None:
                 argument = _INVALID
-                argument = _REDUCE_IDS[_parsed(call.reduce_op)]
+                argument = _REDUCE_IDS[parsed_op(call.reduce_op)]
             if call.root is not None:
                 argument = call.root if _is_int(call.root) else _INVALID
                 self._check_rank("dst" if call.op in ("gather", "send") else "src", call.root)
@@ -280,7 +277,7 @@ class DebugCollective(CollectiveWrapper):
         if isinstance(tensor, torch.Tensor):
             dtype = _DTYPE_IDS.get(tensor.dtype) or _crc(str(tensor.dtype))
             ndim = tensor.dim()
-            shape = _shape_id(tensor.shape)
+            shape = shape_id(tensor.shape)
         else:
             dtype = _NONE if tensor is None else _INVALID
             ndim = shape = _NONE
@@ -295,19 +292,19 @@ class DebugCollective(CollectiveWrapper):
             device = self._device = self.object_device
         return device
 
-    def _rows(self, world_size: int) -> _Rows:
+    def _rows(self, world_size: int) -> Rows:
         """The check's CPU buffer for ``world_size`` ranks, made once and reused."""
         rows = self._slots
         if rows is None or rows.world_size != world_size:
-            rows = self._slots = _Rows(world_size)
+            rows = self._slots = Rows(world_size)
         return rows
 
     def _exchange(
         self, values: list[int], mode: int, payload: torch.Tensor | None
-    ) -> tuple[bool, _Rows | torch.Tensor | None]:
+    ) -> tuple[bool, Rows | torch.Tensor | None]:
         """All-gather every rank's row. Returns whether every fingerprint equals this one and,
         when every rank folded its call, where to read every rank's payload: the reused
-        buffer (`_Rows`), or the gathered rows copied to the CPU."""
+        buffer (`Rows`), or the gathered rows copied to the CPU."""
         world_size = self._inner.world_size
         rows = self._rows(world_size)
         mine = rows.mine
@@ -334,7 +331,7 @@ class DebugCollective(CollectiveWrapper):
             starts = range(0, world_size * _ROW_WORDS, _ROW_WORDS)
             agreed = all(every[r] == digest for r in starts)
             folded = all(every[r + 1] == _FOLDED for r in starts)
-            where: _Rows | torch.Tensor = rows
+            where: Rows | torch.Tensor = rows
         else:
             gathered = torch.empty((world_size, _ROW_WORDS), dtype=torch.int64, device=device)
             self._all_gather_into(gathered, rows.own.to(device))
@@ -347,39 +344,6 @@ class DebugCollective(CollectiveWrapper):
         if not (agreed and folded) or payload is None:
             return agreed, None
         return True, where
-
-    def _complete(
-        self, call: OpCall, where: _Rows | torch.Tensor, out: torch.Tensor | None
-    ) -> Callable[[], Any] | None:
-        """The folded call's result from every rank's payload, as a function to run under
-        the inner wrappers; None where the backend's result could differ."""
-        tensor: torch.Tensor = call.tensor
-        # [world_size, *shape] and its rows: on the CPU views of the reused buffer, only read.
-        if isinstance(where, _Rows):
-            values, rows = where.values(tensor.dtype, tensor.shape)
-        else:
-            values = _values(where, tensor.dtype, tensor.shape)
-            rows = values.unbind(0)
-        if not tensor.is_cpu:
-            values = values.to(tensor.device)
-            rows = values.unbind(0)
-        if call.op == "all_gather":
-            return functools.partial(_into, values, out, tensor)
-        if call.op == "broadcast":
-            return functools.partial(_into, rows[call.root], out, tensor)
-        op = _parsed(call.reduce_op)
-        result_dtype, work_dtype = reduce_dtypes(tensor.dtype, op)
-        if values.dtype != work_dtype:
-            values = values.to(work_dtype)
-            rows = values.unbind(0)
-        # In rank order, into a new tensor (never the reused buffer).
-        combine = _COMBINE[op]
-        work = combine(rows[0], rows[1])
-        for row in rows[2:]:
-            combine(work, row, out=work)
-        if work.is_floating_point() and _order_matters(work, values, op):
-            return None
-        return functools.partial(_finish, work, out, tensor, result_dtype, op, len(rows))
 
     def _through_inner(self, call: OpCall, compute: Callable[[], _T]) -> _T:
         """Run ``compute`` as the operation of every wrapper inside this one, outermost first."""
@@ -459,135 +423,3 @@ class DebugCollective(CollectiveWrapper):
         received = receive()
         send()
         return received
-
-
-class _Rows:
-    """The check's reused CPU buffers for one world size: this rank's row and every rank's
-    rows, each as an array and a tensor over it, and typed views of the payloads."""
-
-    __slots__ = ("_views", "address", "every", "gathered", "mine", "own", "world_size")
-
-    def __init__(self, world_size: int) -> None:
-        self.world_size = world_size
-        self.mine = array.array("q", bytes(8 * _ROW_WORDS))
-        self.address: int = self.mine.buffer_info()[0]
-        self.own = torch.frombuffer(self.mine, dtype=torch.int64)
-        self.every = array.array("q", bytes(8 * _ROW_WORDS * world_size))
-        self.gathered = torch.frombuffer(self.every, dtype=torch.int64).view(world_size, _ROW_WORDS)
-        self._views: dict[
-            tuple[torch.dtype, torch.Size], tuple[torch.Tensor, tuple[torch.Tensor, ...]]
-        ] = {}
-
-    def values(
-        self, dtype: torch.dtype, shape: torch.Size
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        """Every rank's payload as ``[world_size, *shape]`` of ``dtype``, and its rows:
-        views of the gathered rows, made once per dtype and shape."""
-        key = (dtype, shape)
-        views = self._views.get(key)
-        if views is None:
-            if len(self._views) > 256:
-                self._views.clear()
-            values = _values(self.gathered, dtype, shape)
-            views = self._views[key] = (values, values.unbind(0))
-        return views
-
-
-def _values(gathered: torch.Tensor, dtype: torch.dtype, shape: torch.Size) -> torch.Tensor:
-    """The payloads in gathered rows (``[world_size, _ROW_WORDS]`` int64) as
-    ``[world_size, *shape]`` of ``dtype``."""
-    area = gathered.view(torch.uint8)[:, _HEADER_WORDS * 8 :].view(dtype)
-    return area[:, : shape.numel()].view((gathered.shape[0], *shape))
-
-
-_SHAPE_IDS: dict[torch.Size, int] = {}
-
-
-def _shape_id(shape: torch.Size) -> int:
-    """The fingerprint's shape field: a CRC of the shape, remembered for the shapes seen."""
-    found = _SHAPE_IDS.get(shape)
-    if found is None:
-        if len(_SHAPE_IDS) > 4096:
-            _SHAPE_IDS.clear()
-        found = _SHAPE_IDS[shape] = _crc(repr(tuple(shape)))
-    return found
-
-
-def _parsed(op: ReduceOpLike) -> ReduceOp:
-    """`ReduceOp.parse`, with the exact spellings looked up first (as `Collective` does)."""
-    found = OP_SPELLINGS.get(op) if isinstance(op, str) else None
-    return ReduceOp.parse(op) if found is None else found
-
-
-def _foldable(call: OpCall, world_size: int) -> bool:
-    """Whether ``call`` (valid on this rank) travels in the check's row: decided from fields
-    of the fingerprint (op, reduce op, dtype, size) and the tensor's kind of device. Ranks
-    that decide differently see it in the gathered rows and all run the real operation."""
-    tensor = call.tensor
-    if (
-        not isinstance(tensor, torch.Tensor)
-        or tensor.layout is not torch.strided
-        or not (tensor.is_cpu or tensor.is_cuda)
-        or tensor.dtype not in _DTYPE_IDS
-        or tensor.numel() * tensor.element_size() > _PAYLOAD_BYTES
-    ):
-        return False
-    if call.op != "all_reduce":
-        return True  # bytes moved as they are
-    if tensor.dtype not in _REDUCIBLE:
-        return False
-    ordered = tensor.is_floating_point() and _parsed(call.reduce_op) in _ORDERED
-    return world_size == 2 or not ordered
-
-
-def _order_matters(work: torch.Tensor, values: torch.Tensor, op: ReduceOp) -> bool:
-    """Whether reducing the floating-point ``values`` (one row per rank, reduced to
-    ``work`` here) could give another result in another order: a NaN (which payload
-    survives; a NaN anywhere makes ``work`` NaN), or for max and min a zero of both signs at
-    one position (which one wins)."""
-    extreme = op in (ReduceOp.MAX, ReduceOp.MIN)
-    if work.numel() == 1:
-        value = work.item()
-        if value != value:
-            return True
-        if value != 0 or not extreme:
-            return False
-    elif bool(work.isnan().any()):
-        return True
-    elif not extreme or not bool((work == 0).any()):
-        return False
-    zeros = values == 0
-    negative = zeros & torch.signbit(values)
-    return bool((negative.any(0) & (zeros & ~negative).any(0)).any())
-
-
-_COMBINE: dict[ReduceOp, Callable[..., torch.Tensor]] = {
-    ReduceOp.SUM: torch.add,
-    ReduceOp.MEAN: torch.add,  # divided by the world size afterwards, as the backend's path
-    ReduceOp.MAX: torch.maximum,
-    ReduceOp.MIN: torch.minimum,
-    ReduceOp.PRODUCT: torch.mul,
-}
-
-
-def _finish(
-    work: torch.Tensor,
-    out: torch.Tensor | None,
-    tensor: torch.Tensor,
-    result_dtype: torch.dtype,
-    op: ReduceOp,
-    world_size: int,
-) -> torch.Tensor:
-    """A folded all_reduce's result from the reduced ``work``: the backend path's final
-    division, cast and ``out=`` rules (`accord.core.buffers.finish`)."""
-    if out is not None:
-        check_out(out, tensor.shape, result_dtype, tensor.device)
-    return finish(work, out, result_dtype, op, world_size)
-
-
-def _into(result: torch.Tensor, out: torch.Tensor | None, tensor: torch.Tensor) -> torch.Tensor:
-    """A copy of ``result`` (gathered rows or the source's row), or ``out`` filled with it."""
-    if out is None:
-        return result.clone(memory_format=torch.contiguous_format)
-    check_out(out, result.shape, tensor.dtype, tensor.device)
-    return out.copy_(result)

@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from accord.core.collective import ReduceOp
+from accord.core.collective import ReduceOp, ReduceOpLike
+from accord.core.reduce_op import OP_SPELLINGS
 from accord.core.wrappers.wrapper import CallSite, call_site
 
 # The group operations, in a fixed order: a fingerprint carries the index, never a name.
@@ -188,3 +189,22 @@ def _mismatch_message(descriptions: Sequence[dict[str, Any]], strict: bool) -> s
         "Every rank must make the same collective calls, with the same shapes, dtypes and "
         "src/dst/reduce op, in the same order."
     )
+
+
+_SHAPE_IDS: dict[torch.Size, int] = {}
+
+
+def shape_id(shape: torch.Size) -> int:
+    """The fingerprint's shape field: a CRC of the shape, remembered for the shapes seen."""
+    found = _SHAPE_IDS.get(shape)
+    if found is None:
+        if len(_SHAPE_IDS) > 4096:
+            _SHAPE_IDS.clear()
+        found = _SHAPE_IDS[shape] = _crc(repr(tuple(shape)))
+    return found
+
+
+def parsed_op(op: ReduceOpLike) -> ReduceOp:
+    """`ReduceOp.parse`, with the exact spellings looked up first (as `Collective` does)."""
+    found = OP_SPELLINGS.get(op) if isinstance(op, str) else None
+    return ReduceOp.parse(op) if found is None else found
