@@ -22,6 +22,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
 
 from accord.checkpoint_io import (
+    fsync_path,
     load_checkpoint_file,
     register_directory_reader,
     remove_checkpoint_path,
@@ -91,6 +92,8 @@ def save_sharded(
     """Write ``checkpoint`` as a sharded directory at ``path`` (every rank must call it)."""
     from torch.distributed.checkpoint.state_dict_saver import save
 
+    from accord.engines.torch.safe_dcp import checkpoint_errors
+
     staging = path.with_name(f".{path.name}.tmp")
     tensors: dict[str, Any] = {"model": checkpoint["state_dict"]}
     optimizer_states = checkpoint.get("optimizer_states", [])
@@ -105,7 +108,8 @@ def save_sharded(
     if strategy.is_global_zero:
         remove_path(staging)  # left over from a run that crashed mid-save
     strategy.barrier("fsdp_save_checkpoint_start")
-    save(tensors, checkpoint_id=staging, process_group=process_group)
+    with checkpoint_errors("write", staging):
+        save(tensors, checkpoint_id=staging, process_group=process_group)
     if strategy.is_global_zero:
         save_checkpoint_file(meta, staging / META_FILE)
         _replace(staging, path)
@@ -135,7 +139,12 @@ def load_sharded(
     )
     from torch.distributed.checkpoint.state_dict_loader import load
 
-    from accord.engines.torch.safe_dcp import SafeFileSystemReader, SafeLoadPlanner, load_metadata
+    from accord.engines.torch.safe_dcp import (
+        SafeFileSystemReader,
+        SafeLoadPlanner,
+        checkpoint_errors,
+        load_metadata,
+    )
 
     checkpoint = _read_meta(path, weights_only)
     options = state_dict_options(full=False)
@@ -151,14 +160,16 @@ def load_sharded(
         # Every rank reads the same metadata, so a crafted file fails on all of them
         # here, before DCP's collective load could leave some ranks waiting.
         load_metadata((path / ".metadata").read_bytes(), str(path / ".metadata"))
-        load(
-            tensors,
-            storage_reader=SafeFileSystemReader(path),
-            planner=SafeLoadPlanner(),
-            process_group=process_group,
-        )
+        with checkpoint_errors("read", path):
+            load(
+                tensors,
+                storage_reader=SafeFileSystemReader(path),
+                planner=SafeLoadPlanner(),
+                process_group=process_group,
+            )
     else:
-        load(tensors, checkpoint_id=path, process_group=process_group)
+        with checkpoint_errors("read", path):
+            load(tensors, checkpoint_id=path, process_group=process_group)
     checkpoint["state_dict"] = tensors["model"]
     checkpoint["optimizer_states"] = [
         tensors.get(f"optimizer_{index}", {}) for index in range(count)
@@ -203,6 +214,8 @@ def write_sharded_offline(checkpoint: dict[str, Any], path: Path, world_size: in
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
     from torch.distributed.checkpoint.state_dict_saver import save
 
+    from accord.engines.torch.safe_dcp import checkpoint_errors
+
     tensors: dict[str, Any] = {"model": dict(checkpoint["state_dict"])}
     optimizer_states = checkpoint.get("optimizer_states", [])
     for index, state in enumerate(optimizer_states):
@@ -219,7 +232,8 @@ def write_sharded_offline(checkpoint: dict[str, Any], path: Path, world_size: in
     meta["fsdp_sharded"] = {"optimizer_count": len(optimizer_states), "world_size": world_size}
     staging = path.with_name(f".{path.name}.tmp")
     remove_path(staging)
-    save(tensors, storage_writer=FileSystemWriter(staging), no_dist=True)
+    with checkpoint_errors("write", staging):
+        save(tensors, storage_writer=FileSystemWriter(staging), no_dist=True)
     save_checkpoint_file(meta, staging / META_FILE)
     _replace(staging, path)
     return path
@@ -266,15 +280,19 @@ def remove_path(path: Path) -> None:
 
 
 def _replace(source: Path, target: Path) -> None:
-    """Move ``source`` to ``target``, replacing a file or directory already there."""
+    """Move ``source`` to ``target``, replacing a file or directory already there, and
+    flush the rename to disk (the files in ``source`` are flushed as they are written)."""
+    fsync_path(source)  # its entries, before it takes the final name
     if not target.exists():
         source.rename(target)
+        fsync_path(target.parent)
         return
     # A directory cannot be renamed over a non-empty one: move the old one aside first.
     old = target.with_name(f".{target.name}.old")
     remove_path(old)
     target.rename(old)
     source.rename(target)
+    fsync_path(target.parent)
     remove_path(old)
 
 

@@ -15,6 +15,8 @@ import io
 import itertools
 import pickle
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -33,6 +35,7 @@ __all__ = [
     "SafeFileSystemReader",
     "SafeLoadPlanner",
     "WholeStateLoadPlanner",
+    "checkpoint_errors",
     "load_metadata",
     "read_whole",
 ]
@@ -209,8 +212,33 @@ def read_whole(path: str, *, weights_only: bool = True) -> dict[str, Any]:
 
     reader = SafeFileSystemReader(path) if weights_only else FileSystemReader(path)
     planner = WholeStateLoadPlanner(safe=weights_only)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), checkpoint_errors("read", path):
         # Reading in one process is the intent here, not a fallback to warn about.
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         load({}, storage_reader=reader, planner=planner, no_dist=True)
     return planner.loaded
+
+
+@contextmanager
+def checkpoint_errors(action: str, path: object) -> Iterator[None]:
+    """DCP's ``CheckpointException`` inside the block as accord's `CheckpointError`.
+
+    DCP wraps what a rank raised while reading or writing in a ``CheckpointException``,
+    which derives from ``BaseException``, so ``except Exception`` (and ``except
+    CheckpointError``) would not see it. A rank's own `CheckpointError` (a refused object,
+    an unreadable entry) is raised as it is; anything else becomes a `CheckpointError`
+    naming ``action`` (``"read"``, ``"write"``), ``path`` and the first rank's error.
+    """
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as err:
+        failures = [failure[0] for failure in err.failures.values()]
+        own = next((f for f in failures if isinstance(f, CheckpointError)), None)
+        if own is not None:
+            raise own from err
+        first: BaseException = failures[0] if failures else err
+        raise CheckpointError(
+            f"Could not {action} the sharded checkpoint at {path}: {type(first).__name__}: {first}"
+        ) from err
