@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,7 @@ def smoke_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
     out = tmp_path_factory.mktemp("bench")
     env = {k: v for k, v in os.environ.items() if k not in _RANK_VARS}
     env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONFAULTHANDLER"] = "1"
     procs = {
         name: subprocess.Popen(
             [sys.executable, str(BENCH / args[0]), *args[1:], "--smoke", "--json", out / name],
@@ -52,13 +55,26 @@ def smoke_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            start_new_session=True,
         )
         for name, args in SCRIPTS.items()
     }
     runs: dict[str, Any] = {}
+    deadline = time.monotonic() + 240
     try:
         for name, proc in procs.items():
-            output, _ = proc.communicate(timeout=240)
+            try:
+                output, _ = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
+            except subprocess.TimeoutExpired:
+                # Stuck: SIGABRT makes faulthandler print every thread's stack, in the
+                # script and in the ranks it started, into the output the test shows.
+                os.killpg(proc.pid, signal.SIGABRT)
+                try:
+                    output, _ = proc.communicate(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    output, _ = proc.communicate()
+                output = f"still running after 240 s; the stacks at SIGABRT:\n{output}"
             path = out / name
             payload = json.loads(path.read_text()) if path.exists() else None
             runs[name] = (proc.returncode, output, payload)
@@ -66,7 +82,7 @@ def smoke_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
     finally:
         for proc in procs.values():
             if proc.poll() is None:
-                proc.kill()
+                os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
 
 

@@ -9,6 +9,13 @@ of a run races the exit, always when an asynchronous op is left unfinished. A le
 still belongs to Python, so the worker frees it without the GIL; `LentTensors.collect`
 waits (sleeping, so a worker can take the GIL) until the backend holds none of them, and
 at exit every holder still alive is collected.
+
+Tensors are not all a worker frees: each gloo op also keeps the calling thread's
+thread-local state, and an op started inside a backward pass (DDP's and FSDP's gradient
+reductions) holds a Python object there (autograd's context), which the worker drops
+after the op completed, taking the GIL. Nothing tells when it has; so once a process has
+used a group of several ranks (`settle_at_exit`), its exit first leaves the GIL free for
+`EXIT_SETTLE_SECONDS`, time enough for a worker that finished its last op to let go.
 """
 
 from __future__ import annotations
@@ -20,17 +27,30 @@ from collections import deque
 
 import torch
 
-__all__ = ["RETURN_WAIT_SECONDS", "LentTensors"]
+__all__ = ["EXIT_SETTLE_SECONDS", "RETURN_WAIT_SECONDS", "LentTensors", "settle_at_exit"]
 
 RETURN_WAIT_SECONDS = 5.0
 """How long `LentTensors.collect` waits by default: an op that never completes keeps its
 tensors, and the wait ends there."""
+
+EXIT_SETTLE_SECONDS = 0.1
+"""How long a process that used a multi-rank group sleeps at exit, after collecting what is
+still lent, so that the backend's threads drop what they still hold while they may take
+the GIL."""
 
 # How many references a tensor's implementation has (its Python object holds one); where
 # torch lacks it, tensors are handed over as they are.
 _use_count = getattr(torch.Tensor, "_use_count", None)
 
 _HOLDERS: weakref.WeakSet[LentTensors] = weakref.WeakSet()
+_settle = False
+
+
+def settle_at_exit() -> None:
+    """Have this process sleep `EXIT_SETTLE_SECONDS` at exit, before the interpreter shuts
+    down (a process group of several ranks calls it when it is set up)."""
+    global _settle
+    _settle = True
 
 
 class LentTensors:
@@ -65,6 +85,9 @@ class LentTensors:
 
 @atexit.register
 def _collect_all() -> None:
-    """At exit, while threads may still take the GIL, wait for what is still lent."""
+    """At exit, while threads may still take the GIL, wait for what is still lent, then
+    leave the GIL free for a moment if a multi-rank group was used."""
     for holder in list(_HOLDERS):
         holder.collect()
+    if _settle:
+        time.sleep(EXIT_SETTLE_SECONDS)

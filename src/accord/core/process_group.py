@@ -14,7 +14,9 @@ primitives and, where its engine needs them, the hooks `_prepare`, `_join`,
 
 The tensors an op hands to the backend go through `ProcessGroupCollective._lend`, which
 keeps them until gloo's worker threads let go (`accord.core.lending`); ``teardown()`` waits
-for that, so a process never aborts at exit over an op's tensors.
+for that, so a process never aborts at exit over an op's tensors, and a process that set up
+a group of several ranks leaves the GIL free for a moment at exit, for what else those
+threads still hold (`accord.core.lending.settle_at_exit`).
 
 torch.distributed is imported when a group is set up, not when this module is.
 """
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from typing_extensions import Self, override
 
-from accord.core.lending import LentTensors
+from accord.core.lending import LentTensors, settle_at_exit
 from accord.core.membership import MemberCollective
 from accord.core.rendezvous import init_group_on_shared_store
 from accord.errors import CollectiveError, CollectiveTimeoutError, ConfigurationError
@@ -283,6 +285,8 @@ class ProcessGroupCollective(MemberCollective):
             self._created = True
         self._rank = dist.get_rank(self._group)
         self._world_size = dist.get_world_size(self._group)
+        if self._world_size > 1:
+            settle_at_exit()  # the backend's threads may hold Python objects at exit
         self._ready = True
         return self
 
