@@ -118,3 +118,38 @@ def test_multi_rank_setup_without_a_port_says_so(monkeypatch: pytest.MonkeyPatch
     monkeypatch.delenv("MASTER_PORT", raising=False)
     with pytest.raises(ConfigurationError, match="MASTER_PORT"):
         TorchCollective("gloo").setup(rank=0, world_size=2)
+
+
+def _through_torch_function_mode(rank: int, world_size: int) -> tuple[list[str], float, float]:
+    import pickle
+
+    from torch.overrides import TorchFunctionMode
+
+    seen: list[str] = []
+
+    class Watch(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            seen.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    c = TorchCollective("gloo").setup()
+    try:
+        plain = c.all_reduce(torch.ones(3)).sum().item()  # called on the group directly
+        with Watch():
+            watched = c.all_reduce(torch.ones(3)).sum().item()
+            c.all_gather(torch.ones(2))
+        copy = pickle.loads(pickle.dumps(c))  # the group itself is not copied
+        assert copy.world_size == world_size
+    finally:
+        c.teardown()
+    return [name for name in seen if name.startswith("all_")], plain, watched
+
+
+def test_a_torch_function_mode_sees_the_torch_distributed_calls() -> None:
+    """accord calls the process group directly where torch.distributed's function would
+    only forward to it; under a TorchFunctionMode it goes through the function, as a
+    user's own code would, so the mode sees every collective."""
+    for seen, plain, watched in run_distributed(_through_torch_function_mode, 2, timeout=60):
+        assert "all_reduce" in seen
+        assert any(name.startswith("all_gather") for name in seen)
+        assert plain == watched == 6.0

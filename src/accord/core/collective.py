@@ -226,6 +226,17 @@ class Collective(ABC):
             if reduce_op is ReduceOp.MEAN and backend_op is not ReduceOp.MEAN:
                 work.div_(self.world_size)
             return work
+        if (
+            out is tensor
+            and reduce_op is not ReduceOp.MEAN
+            and tensor.dtype is not torch.bool
+            and tensor.is_contiguous()
+        ):
+            # In place in the caller's buffer (a vote, a bucket): the backend reduces it as
+            # it is, which is what the general path below would do in four more calls.
+            if tensor.numel():
+                self._all_reduce_(tensor, reduce_op)
+            return tensor
         result_dtype, work_dtype = reduce_dtypes(tensor.dtype, reduce_op)
         work, target = work_buffer(tensor, tensor.shape, work_dtype, result_dtype, out)
         backend_op = self._backend_op(reduce_op, work)

@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -48,6 +47,7 @@ __all__ = [
     "ProcessGroupCollective",
     "Rendezvous",
     "as_timedelta",
+    "BackendTimeouts",
     "backend_timeouts",
     "byte_view",
     "timeout_from_env",
@@ -82,33 +82,51 @@ def timeout_from_env() -> timedelta | None:
     return timedelta(seconds=seconds) if seconds > 0 else None
 
 
-@contextmanager
-def backend_timeouts(op: str, rank: int, timeout: timedelta) -> Iterator[None]:
-    """Raise a backend's own timeout inside ``op`` as `CollectiveTimeoutError` naming ``op``.
+class BackendTimeouts:
+    """A context manager that raises a backend's own timeout inside ``op`` as
+    `CollectiveTimeoutError` naming ``op``; other errors pass through unchanged.
 
     Every rank may have called ``op`` and still not finish it: gloo waits for bytes a rank
-    with a different shape never sends. Other errors pass through unchanged.
+    with a different shape never sends. A class rather than a generator, so that a
+    collective keeps one per op and entering it costs two plain method calls.
 
     Args:
         op: the operation's public name, for the message.
         rank: this rank, for the message.
         timeout: the group's op timeout, for the message.
     """
-    try:
-        yield
-    except RuntimeError as err:
-        if isinstance(err, CollectiveError) or not _TIMED_OUT.search(str(err)):
-            raise
+
+    __slots__ = ("op", "rank", "timeout")
+
+    def __init__(self, op: str, rank: int, timeout: timedelta) -> None:
+        self.op = op
+        self.rank = rank
+        self.timeout = timeout
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, _: Any) -> None:
+        if not isinstance(err, RuntimeError) or isinstance(err, CollectiveError):
+            return
+        if not _TIMED_OUT.search(str(err)):
+            return
         raise CollectiveTimeoutError(
-            f"Rank {rank}: {op} did not complete within the process group's timeout of "
-            f"{timeout.total_seconds():g} s. Either a rank never called it, or the ranks "
+            f"Rank {self.rank}: {self.op} did not complete within the process group's timeout "
+            f"of {self.timeout.total_seconds():g} s. Either a rank never called it, or the ranks "
             "called it with different shapes, dtypes or roots (the backend then waits for "
             "data that never comes), or a rank stopped inside it. Run with "
             f"ACCORD_DEBUG_COLLECTIVES=1 to compare every call across ranks. The backend "
             f"said: {err}",
-            op=op,
-            rank=rank,
+            op=self.op,
+            rank=self.rank,
         ) from err
+
+
+def backend_timeouts(op: str, rank: int, timeout: timedelta) -> BackendTimeouts:
+    """A `BackendTimeouts` for ``op`` on ``rank``: a backend timeout inside it becomes
+    `CollectiveTimeoutError` naming ``op``."""
+    return BackendTimeouts(op, rank, timeout)
 
 
 def as_timedelta(timeout: timedelta | float | None) -> timedelta:
@@ -193,6 +211,7 @@ class ProcessGroupCollective(MemberCollective):
         self._init_method = init_method
         self._group: ProcessGroup | None = None
         self._lent = LentTensors()
+        self._guards: dict[str, BackendTimeouts] = {}
         super().__init__()
 
     # ----------------------------------------------------------------- identity
@@ -221,8 +240,14 @@ class ProcessGroupCollective(MemberCollective):
         return group
 
     def _op(self, name: str) -> AbstractContextManager[None]:
-        """Around a primitive: the backend's timeout inside ``name`` as `CollectiveTimeoutError`."""
-        return backend_timeouts(name, self._rank, self.timeout)
+        """Around a primitive: the backend's timeout inside ``name`` as `CollectiveTimeoutError`.
+
+        One guard per op name, made on first use and kept while the rank and the timeout
+        stay what they were."""
+        guard = self._guards.get(name)
+        if guard is None or guard.rank != self._rank or guard.timeout is not self.timeout:
+            guard = self._guards[name] = BackendTimeouts(name, self._rank, self.timeout)
+        return guard
 
     def _lend(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` as an op hands it to the backend: every tensor an op passes goes

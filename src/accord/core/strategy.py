@@ -408,9 +408,10 @@ class Strategy(StrategyCheckpointing):
         only rank 2 wants to stop — ``all=True`` gives False on every rank, ``all=False``
         gives True on every rank.
         """
+        collective = self.collective
         vote = torch.tensor([1 if decision else 0], dtype=torch.int32, device=self.root_device)
-        total = int(self.collective.all_reduce(vote, "sum", out=vote).item())
-        return total == self.world_size if all else total > 0
+        total = int(collective.all_reduce(vote, "sum", out=vote).item())
+        return total == collective.world_size if all else total > 0
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(collective={type(self.collective).__name__})"
