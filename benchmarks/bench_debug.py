@@ -42,6 +42,7 @@ from common import (
     section,
     set_threads,
     steal_percent,
+    wrap_group_methods,
 )
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -85,6 +86,7 @@ def _count_collectives() -> None:
         fn = getattr(dist, name, None)
         if fn is not None:
             setattr(dist, name, counted(fn))
+    wrap_group_methods(lambda _, method: counted(method))
 
 
 def _counting(on: bool) -> int:

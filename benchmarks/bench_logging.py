@@ -33,6 +33,7 @@ from common import (
     quiet_lightning,
     section,
     set_threads,
+    wrap_group_methods,
 )
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
@@ -92,6 +93,7 @@ class CollectiveCounter:
             for module in (dist, c10d):
                 if getattr(module, name, None) is original:
                     setattr(module, name, wrapped)
+        wrap_group_methods(self._wrap)
 
     def _wrap(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)

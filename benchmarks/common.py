@@ -43,6 +43,22 @@ TORCHRUN_ENV = {"GROUP_RANK": "0", "TORCHELASTIC_RUN_ID": "accord-bench", "OMP_N
 
 SMOKE_SKIP = "--smoke runs the raw and accord contestants only"
 
+GROUP_METHODS = {"allreduce": "all_reduce", "all_gather_single": "all_gather_single"}
+"""Process group methods a framework may call directly, as torch.distributed's functions of
+these names do after their checks (accord's synchronous all_reduce and all_gather do): a
+collective counter wraps them too, counting outermost calls, so either way is counted once."""
+
+
+def wrap_group_methods(wrap: Callable[[str, Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Replace each of `GROUP_METHODS` on ``torch.distributed.ProcessGroup`` with
+    ``wrap(collective name, method)``."""
+    import torch.distributed as dist
+
+    for method, name in GROUP_METHODS.items():
+        original = getattr(dist.ProcessGroup, method, None)
+        if original is not None:
+            setattr(dist.ProcessGroup, method, wrap(name, original))
+
 
 def make_net() -> nn.Module:
     """The benchmark MLP: FEATURES -> HIDDEN -> HIDDEN -> 1, tanh activations."""

@@ -35,7 +35,15 @@ from accord.callbacks import Callback, EarlyStopping, LearningRateMonitor, Model
 from accord.loggers import CSVLogger
 """
 
+# The reference run gets the pause at exit that accord's processes take (accord.core.lending,
+# EXIT_SETTLE_SECONDS): without it a Lightning DDP rank can abort after a run that succeeded
+# ("terminate called without an active exception"), when a gloo worker drops the autograd
+# context it kept from a backward pass as the interpreter finalizes.
 LIGHTNING_IMPORTS = """\
+import atexit
+import time
+
+atexit.register(time.sleep, 0.1)
 from pytorch_lightning import LightningDataModule, LightningModule, Trainer
 from pytorch_lightning.callbacks import (
     Callback,
