@@ -12,8 +12,8 @@ too); plain is ``DDPStrategy()``, the bare `TorchCollective`.
 * The fit table trains the benchmark MLP of ``common.py`` (no logging, as ``bench_fit.py``)
   with ``Trainer(strategy=DDPStrategy(debug=...), devices=2)``; epochs are timed from
   ``on_train_epoch_start`` of epoch 1 to ``on_train_end``. In debug mode DDP sends every
-  gradient bucket through the checked collective, and every step's decision (one small
-  ``all_reduce``) is checked too.
+  gradient bucket through the checked collective; the step's decision rides in the
+  buckets, as in the plain fit.
 """
 
 from __future__ import annotations
@@ -305,8 +305,8 @@ def main() -> None:
                 f"{epochs} epochs per fit (epoch 0 untimed), {fit_rounds} interleaved rounds "
                 "after a warm-up round; the slower rank's figure",
                 "plain = Trainer(strategy=DDPStrategy()); debug = "
-                "Trainer(strategy=DDPStrategy(debug=True)): every gradient bucket and every "
-                "step's decision go through the checked collective",
+                "Trainer(strategy=DDPStrategy(debug=True)): every gradient bucket (which "
+                "carries the step's decision) goes through the checked collective",
                 "CPU seconds per epoch (process time, rank 0), median: "
                 + ", ".join(f"{name} {statistics.median(v):.3g} s" for name, v in fit_cpu.items()),
                 "torch.distributed collectives per step (Python calls, timed epochs): "

@@ -13,6 +13,7 @@ from models import LinearModel, loader
 from torch import nn
 
 import accord
+from accord.callbacks import Callback
 from accord.core.wrappers.debug import DebugCollective
 from accord.errors import CollectiveMismatchError
 from accord.strategies import DDPStrategy
@@ -110,3 +111,42 @@ def test_debug_mode_trains_to_the_same_weights_as_native_sync() -> None:
     for plain, debugged in results:
         torch.testing.assert_close(debugged, plain, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(results[0][1], results[1][1], rtol=0, atol=0)
+
+
+class CountsCheckedCalls(Callback):
+    """The debug check's call count at the end of every training batch."""
+
+    def __init__(self) -> None:
+        self.counts: list[int] = []
+
+    def on_train_batch_end(
+        self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        checked = trainer.strategy.collective
+        assert isinstance(checked, DebugCollective)
+        self.counts.append(checked.calls_checked)
+
+
+def _checked_calls_per_batch(rank: int, world_size: int) -> list[int]:
+    counter = CountsCheckedCalls()
+    trainer = accord.Trainer(
+        strategy=DDPStrategy(debug=True),
+        devices=2,
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        callbacks=[counter],
+    )
+    trainer.fit(LinearModel(), loader(16))
+    return [b - a for a, b in zip(counter.counts, counter.counts[1:], strict=False)]
+
+
+@pytest.mark.timeout(180)
+def test_debug_mode_checks_no_collective_of_its_own_for_the_step_decision() -> None:
+    """Per batch, two checked collectives: the model's gradients (one bucket, which
+    carries the per-batch decision, checked with it) and the sync of its logged loss. The
+    decision is not a checked collective of its own."""
+    for per_batch in run_distributed(_checked_calls_per_batch, 2, timeout=150):
+        assert per_batch and set(per_batch) == {2}, per_batch

@@ -12,6 +12,7 @@ import torch
 from models import LinearModel, flat_weights, loader
 
 import accord
+from accord.strategies import DDPStrategy
 from accord.testing import run_distributed
 
 SKIPPED_BATCH = 2
@@ -45,7 +46,7 @@ class SkipsEverywhere(LinearModel):
         return None if batch_idx == SKIPPED_BATCH else loss
 
 
-def _trainer(strategy: str, devices: int, **kwargs: Any) -> accord.Trainer:
+def _trainer(strategy: str | DDPStrategy, devices: int, **kwargs: Any) -> accord.Trainer:
     return accord.Trainer(
         strategy=strategy,
         devices=devices,
@@ -60,10 +61,12 @@ def _trainer(strategy: str, devices: int, **kwargs: Any) -> accord.Trainer:
 
 def _skip_on_one_rank(rank: int, world_size: int, accumulate: int) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    for strategy in ("ddp", "ddp_find_unused_parameters_true"):
+    for strategy in ("ddp", "ddp_find_unused_parameters_true", "ddp debug"):
         for skip_rank in (0, 1):
             model = SkipsOnOneRank(skip_rank)
-            trainer = _trainer(strategy, world_size, accumulate_grad_batches=accumulate)
+            # Debug mode checks every gradient bucket, which then carries the decision.
+            chosen = DDPStrategy(debug=True) if strategy == "ddp debug" else strategy
+            trainer = _trainer(chosen, world_size, accumulate_grad_batches=accumulate)
             trainer.fit(model, loader(16))
             results[f"{strategy}-{skip_rank}"] = {
                 "weights": flat_weights(model),

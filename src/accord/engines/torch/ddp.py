@@ -180,15 +180,14 @@ class DDPStrategy(ParallelStrategy):
     def _can_carry_decision(self, ddp_kwargs: dict[str, Any]) -> bool:
         """Whether DDP's gradient reduction can carry the step decision: every backward
         then reduces every parameter (no ``find_unused_parameters`` or ``static_graph``),
-        gradients are not scaled (no fp16 loss scaler), automatic optimization, and no
-        debug mode (which checks each collective before it starts)."""
+        gradients are not scaled (no fp16 loss scaler), and automatic optimization. In
+        debug mode the decision rides in the checked gradient buckets like any gradient."""
         return (
             self.world_size > 1
             and not self.run_settings.manual_optimization
             and not ddp_kwargs.get("find_unused_parameters")
             and not ddp_kwargs.get("static_graph")
             and self.precision.scaler is None
-            and not has_layer(self.collective, DebugCollective)
         )
 
     @override
