@@ -7,8 +7,9 @@ it, as under torchrun. Debug mode is turned on the way users turn it on,
 too); plain is ``DDPStrategy()``, the bare `TorchCollective`.
 
 * The scalar table times ``strategy.collective.all_reduce`` of a one-element float32 tensor
-  (``sum``): contestants run in turn, a block of back-to-back calls each, every block
-  starting from a barrier; a sample is the mean per call of a block, the slower rank's.
+  (``sum``): each round starts from a barrier, and in it the contestants take turns call by
+  call (`common.interleave_calls`); a sample is the median call of a round, the slower
+  rank's.
 * The fit table trains the benchmark MLP of ``common.py`` (no logging, as ``bench_fit.py``)
   with ``Trainer(strategy=DDPStrategy(debug=...), devices=2)``; epochs are timed from
   ``on_train_epoch_start`` of epoch 1 to ``on_train_end``. In debug mode DDP sends every
@@ -18,7 +19,6 @@ too); plain is ``DDPStrategy()``, the bare `TorchCollective`.
 
 from __future__ import annotations
 
-import gc
 import os
 import statistics
 from collections.abc import Callable
@@ -33,6 +33,7 @@ from common import (
     cpu_ticks,
     emit,
     interleave,
+    interleave_calls,
     loss_fn,
     make_dataset,
     make_net,
@@ -160,21 +161,9 @@ def _joined(debug: bool) -> Any:
     return strategy.collective
 
 
-def _scalar_block(collective: Any, calls: int, cpu: list[float]) -> Callable[[], float]:
+def _scalar_call(collective: Any) -> Callable[[], object]:
     tensor = torch.tensor(1.0)
-
-    def block() -> float:
-        dist.barrier()
-        gc.disable()  # a collection inside a block would land on one contestant only
-        wall, used = now()
-        for _ in range(calls):
-            collective.all_reduce(tensor, "sum")
-        wall_end, used_end = now()
-        gc.enable()
-        cpu.append((used_end - used) / calls * 1e6)
-        return (wall_end - wall) / calls * 1e6
-
-    return block
+    return lambda: collective.all_reduce(tensor, "sum")
 
 
 def _rank_worker(
@@ -184,7 +173,6 @@ def _rank_worker(
     dist.init_process_group("gloo")
     _count_collectives()
     try:
-        cpu: dict[str, list[float]] = {"plain": [], "debug": []}
         collectives = {"plain": _joined(False), "debug": _joined(True)}
         per_call: dict[str, float] = {}
         for name, collective in collectives.items():
@@ -193,9 +181,8 @@ def _rank_worker(
                 collective.all_reduce(torch.tensor(1.0), "sum")
             per_call[name] = _counting(False) / 10
         before = cpu_ticks()
-        scalar = interleave(
-            {name: _scalar_block(c, calls, cpu[name]) for name, c in collectives.items()},
-            rounds,
+        scalar, cpu = interleave_calls(
+            {name: _scalar_call(c) for name, c in collectives.items()}, calls, rounds, dist.barrier
         )
         scalar_steal = steal_percent(before, cpu_ticks())
         data = make_dataset(samples)
@@ -282,8 +269,8 @@ def main() -> None:
             threads=THREADS,
             ratios=[("debug", "plain", 1.3)],
             notes=[
-                f"µs per call, the mean of a block of {calls} back-to-back calls; {rounds} "
-                "interleaved rounds; the slower rank's figure",
+                f"µs per call, the median of a round's {calls} calls, the contestants taking "
+                f"turns call by call; {rounds} rounds; the slower rank's figure",
                 "plain = DDPStrategy().collective (TorchCollective); debug = "
                 "DDPStrategy(debug=True).collective (DebugCollective over RecordingCollective)",
                 cpu_note(scalar_cpu, "µs", ".3g"),

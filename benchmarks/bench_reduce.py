@@ -3,13 +3,12 @@
 Two real processes on gloo. The benchmark creates the process group; each framework's
 strategy object joins it, built the way each Trainer builds it (accord's connector with
 ``strategy="ddp"``, a Lightning ``Trainer(strategy="ddp")``'s strategy, Accelerate's
-``PartialState``), as they would under torchrun. Contestants run in turn, a block of calls
-each, every block starting from a barrier.
+``PartialState``), as they would under torchrun. Each round starts from a barrier; in it
+the contestants take turns call by call (`common.interleave_calls`).
 """
 
 from __future__ import annotations
 
-import gc
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -19,8 +18,7 @@ import torch.distributed as dist
 from common import (
     TORCHRUN_ENV,
     emit,
-    interleave,
-    now,
+    interleave_calls,
     parser,
     peers,
     quiet_lightning,
@@ -30,26 +28,6 @@ from common import (
 import accord  # noqa: F401  (the package under test; imported like a user would)
 from accord.testing import run_distributed
 from accord.trainer.connector import connect
-
-CPU: dict[str, list[float]] = {}
-"""CPU µs per call (this process's time, every thread), per contestant and block."""
-
-
-def _timed(name: str, fn: Callable[[], object], calls: int) -> Callable[[], float]:
-    cpu = CPU.setdefault(name, [])
-
-    def block() -> float:
-        dist.barrier()
-        gc.disable()  # a collection inside a block would land on one contestant only
-        wall, used = now()
-        for _ in range(calls):
-            fn()
-        wall_end, used_end = now()
-        gc.enable()
-        cpu.append((used_end - used) / calls * 1e6)
-        return (wall_end - wall) / calls * 1e6
-
-    return block
 
 
 def _accord_strategy() -> Any:
@@ -76,8 +54,8 @@ def _lightning_strategy() -> Any:
 
 
 def _reduce_contestants(
-    prefix: str, tensor: torch.Tensor, names: list[str], strategies: dict[str, Any], calls: int
-) -> dict[str, Callable[[], float]]:
+    tensor: torch.Tensor, names: list[str], strategies: dict[str, Any]
+) -> dict[str, Callable[[], object]]:
     world = dist.get_world_size()
     zeros = torch.zeros_like(tensor)
 
@@ -100,12 +78,12 @@ def _reduce_contestants(
         from accelerate.utils import reduce
 
         fns["accelerate"] = lambda: reduce(tensor, reduction="mean")
-    return {name: _timed(f"{prefix}:{name}", fn, calls) for name, fn in fns.items()}
+    return fns
 
 
 def _decision_contestants(
-    prefix: str, names: list[str], strategies: dict[str, Any], calls: int
-) -> dict[str, Callable[[], float]]:
+    names: list[str], strategies: dict[str, Any]
+) -> dict[str, Callable[[], object]]:
     world = dist.get_world_size()
 
     def raw() -> bool:
@@ -117,7 +95,7 @@ def _decision_contestants(
     fns["accord"] = lambda: strategies["accord"].reduce_boolean_decision(True)
     if "lightning" in names:
         fns["lightning"] = lambda: strategies["lightning"].reduce_boolean_decision(True)
-    return {name: _timed(f"{prefix}:{name}", fn, calls) for name, fn in fns.items()}
+    return fns
 
 
 def _rank_worker(
@@ -133,19 +111,17 @@ def _rank_worker(
 
             state = PartialState(cpu=True)
             assert state.num_processes == world_size, state
-        results = {}
-        for key, tensor in (("scalar", torch.tensor(1.0)), ("1M", torch.ones(big))):
-            contestants = _reduce_contestants(key, tensor, names, strategies, calls[key])
-            results[key] = interleave(contestants, rounds)
-        results["decision"] = interleave(
-            _decision_contestants("decision", names, strategies, calls["decision"]), rounds
-        )
-        dist.barrier()
+        wall: dict[str, dict[str, list[float]]] = {}
         cpu: dict[str, dict[str, list[float]]] = {}
-        for label, values in CPU.items():
-            key, name = label.split(":", 1)
-            cpu.setdefault(key, {})[name] = values[len(values) - rounds :]
-        return {"wall": results, "cpu": cpu}
+        cases: dict[str, dict[str, Callable[[], object]]] = {
+            "scalar": _reduce_contestants(torch.tensor(1.0), names, strategies),
+            "1M": _reduce_contestants(torch.ones(big), names, strategies),
+            "decision": _decision_contestants(names, strategies),
+        }
+        for key, contestants in cases.items():
+            wall[key], cpu[key] = interleave_calls(contestants, calls[key], rounds, dist.barrier)
+        dist.barrier()
+        return {"wall": wall, "cpu": cpu}
     finally:
         dist.destroy_process_group()
 
@@ -186,8 +162,8 @@ def main() -> None:
 
     threads = "2 processes x torch.set_num_threads(1), OMP_NUM_THREADS=1"
     note = (
-        "µs per call, the mean of a block of {calls} back-to-back calls; {rounds} interleaved "
-        "rounds; the slower rank's figure"
+        "µs per call, the median of a round's {calls} calls, the contestants taking turns "
+        "call by call (the order rotating); {rounds} rounds; the slower rank's figure"
     )
     raw_note = (
         "raw = clone + dist.all_reduce(SUM) + div_ (the non-mutating mean that accord and "

@@ -151,6 +151,52 @@ def interleave(
     return samples
 
 
+def interleave_calls(
+    contestants: Mapping[str, Callable[[], object]],
+    calls: int,
+    rounds: int,
+    sync: Callable[[], object],
+    warmup: int = 1,
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Latency rounds in which the contestants take turns call by call.
+
+    A round is ``calls`` turns; in each turn every contestant makes one call, the order
+    rotating from turn to turn, so each one follows each other one equally often. A
+    round's sample for a contestant is the median of its calls (µs of wall and of CPU
+    time), taken between calls made microseconds apart: a change in how the machine
+    schedules the processes (on a shared host small collectives run now at one speed, now
+    at several times it, for whole blocks of calls) reaches every contestant of the round
+    alike, and a single call stretched by a stall does not move the round's figure.
+    ``sync`` (a barrier between ranks) starts each round; no collection runs inside one.
+    Returns (wall, CPU) samples per contestant, ``warmup`` unrecorded rounds first.
+    """
+    names = list(contestants)
+    orders = [names[k:] + names[:k] for k in range(len(names))]
+    wall: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
+    gc.collect()
+    gc.freeze()
+    for index in range(warmup + rounds):
+        spent: dict[str, list[float]] = {name: [] for name in names}
+        used: dict[str, list[float]] = {name: [] for name in names}
+        sync()
+        gc.disable()
+        for turn in range(calls):
+            for name in orders[turn % len(orders)]:
+                start, start_cpu = time.perf_counter(), time.process_time()
+                contestants[name]()
+                end_cpu, end = time.process_time(), time.perf_counter()
+                spent[name].append(end - start)
+                used[name].append(end_cpu - start_cpu)
+        gc.enable()
+        gc.collect()
+        if index >= warmup:
+            for name in names:
+                wall[name].append(statistics.median(spent[name]) * 1e6)
+                cpu[name].append(statistics.median(used[name]) * 1e6)
+    return wall, cpu
+
+
 @contextmanager
 def quiet_lightning() -> Iterator[None]:
     """Silence Lightning's informational logging and its advice warnings while timing."""

@@ -221,11 +221,11 @@ class Collective(ABC):
             work = tensor.clone(memory_format=torch.contiguous_format)
             if not work.numel():
                 return work
-            backend_op = self._backend_op(reduce_op, work)
-            self._all_reduce_(work, backend_op)
-            if reduce_op is ReduceOp.MEAN and backend_op is not ReduceOp.MEAN:
-                work.div_(self.world_size)
-            return work
+            if reduce_op is not ReduceOp.MEAN or self._native_mean:  # `_backend_op`, inlined
+                self._all_reduce_(work, reduce_op)
+                return work
+            self._all_reduce_(work, ReduceOp.SUM)
+            return work.div_(self.world_size)
         if (
             out is tensor
             and reduce_op is not ReduceOp.MEAN
