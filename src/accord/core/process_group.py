@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import re
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -107,6 +106,13 @@ class BackendTimeouts:
         return None
 
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, _: Any) -> None:
+        if err is not None:
+            self.raise_timeout(err)
+
+    def raise_timeout(self, err: BaseException) -> None:
+        """Raise ``err`` as `CollectiveTimeoutError` if it is the backend's timeout; return
+        otherwise (the caller re-raises it as it is). For a hot path that catches the
+        backend's error itself instead of entering the guard."""
         if not isinstance(err, RuntimeError) or isinstance(err, CollectiveError):
             return
         if not _TIMED_OUT.search(str(err)):
@@ -239,7 +245,7 @@ class ProcessGroupCollective(MemberCollective):
             raise CollectiveError(f"{type(self).__name__}'s default process group is gone.")
         return group
 
-    def _op(self, name: str) -> AbstractContextManager[None]:
+    def _op(self, name: str) -> BackendTimeouts:
         """Around a primitive: the backend's timeout inside ``name`` as `CollectiveTimeoutError`.
 
         One guard per op name, made on first use and kept while the rank and the timeout

@@ -273,14 +273,18 @@ class TorchCollective(ProcessGroupCollective):
 
     @override
     def _all_reduce_(self, buffer: torch.Tensor, op: ReduceOp) -> None:
-        with self._op("all_reduce"):
-            group = self._direct_group(buffer)
-            if group is not None:
-                options = self._reduce_options.get(op) or self._new_reduce_options(op)
+        group = self._direct_group(buffer)
+        if group is not None:
+            options = self._reduce_options.get(op) or self._new_reduce_options(op)
+            try:  # what `with self._op(...)` does, without entering a context per call
                 group.allreduce([self._lend(buffer)], options).wait()
-                return
-            import torch.distributed as dist
+            except RuntimeError as err:
+                self._op("all_reduce").raise_timeout(err)
+                raise
+            return
+        import torch.distributed as dist
 
+        with self._op("all_reduce"):
             dist.all_reduce(self._lend(buffer), op=_torch_op(op), group=self._group)
 
     def _direct_group(self, tensor: torch.Tensor) -> ProcessGroup | None:
