@@ -22,6 +22,20 @@ from accord.testing import run_distributed
 SKIP_AT = 2
 
 
+def _two_rank_trainer(strategy: DDPStrategy, **kwargs: Any) -> accord.Trainer:
+    """A one-epoch fit on 2 CPU ranks with ``strategy``, nothing written."""
+    return accord.Trainer(
+        strategy=strategy,
+        devices=2,
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        **kwargs,
+    )
+
+
 class SkipsBarrierOnRankOne(LinearModel):
     """Right before backward at batch `SKIP_AT`, rank 0 waits at a barrier that rank 1
     skips: rank 1's next collective is DDP's first gradient bucket."""
@@ -40,15 +54,7 @@ class SkipsBarrierOnRankOne(LinearModel):
 
 def _fit(rank: int, world_size: int) -> dict[str, Any]:
     strategy = DDPStrategy(debug=True)
-    trainer = accord.Trainer(
-        strategy=strategy,
-        devices=2,
-        accelerator="cpu",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-    )
+    trainer = _two_rank_trainer(strategy)
     model = SkipsBarrierOnRankOne()
     try:
         trainer.fit(model, loader(16))
@@ -85,15 +91,7 @@ def _fit_debug_and_plain(rank: int, world_size: int) -> list[torch.Tensor]:
     weights = []
     for debug in (False, True):
         strategy = DDPStrategy(debug=debug)
-        trainer = accord.Trainer(
-            strategy=strategy,
-            devices=2,
-            accelerator="cpu",
-            max_epochs=1,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-        )
+        trainer = _two_rank_trainer(strategy)
         model = LinearModel()
         trainer.fit(model, loader(16))
         if debug:
@@ -129,16 +127,7 @@ class CountsCheckedCalls(Callback):
 
 def _checked_calls_per_batch(rank: int, world_size: int) -> list[int]:
     counter = CountsCheckedCalls()
-    trainer = accord.Trainer(
-        strategy=DDPStrategy(debug=True),
-        devices=2,
-        accelerator="cpu",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        callbacks=[counter],
-    )
+    trainer = _two_rank_trainer(DDPStrategy(debug=True), callbacks=[counter])
     trainer.fit(LinearModel(), loader(16))
     return [b - a for a, b in zip(counter.counts, counter.counts[1:], strict=False)]
 
