@@ -84,10 +84,11 @@ class TorchCollective(ProcessGroupCollective):
         self._group = group
         self._meshes: dict[tuple[Any, ...], DeviceMesh] = {}
         # After setup: the group the synchronous all_reduce and all_gather call directly,
-        # torch's table of groups inside a coalescing block, and one options object per op.
+        # torch's table of groups inside a coalescing block, and their options objects.
         self._direct: ProcessGroup | None = None
         self._coalescing: dict[Any, Any] = {}
         self._reduce_options: dict[ReduceOp, Any] = {}
+        self._gather_options: Any = None
 
     @property
     def group(self) -> ProcessGroup | None:
@@ -126,9 +127,11 @@ class TorchCollective(ProcessGroupCollective):
         )
         self._native_mean = _averages_natively(self.backend)
         import torch.distributed as dist
+        from torch._C._distributed_c10d import AllgatherOptions
 
         self._direct = self.process_group
         self._coalescing = dist.distributed_c10d._world.pg_coalesce_state
+        self._gather_options = AllgatherOptions()
         return self
 
     def __getstate__(self) -> dict[str, Any]:
@@ -138,6 +141,7 @@ class TorchCollective(ProcessGroupCollective):
         state["_direct"] = None
         state["_coalescing"] = {}
         state["_reduce_options"] = {}
+        state["_gather_options"] = None
         return state
 
     def _check_membership(self, group: ProcessGroup) -> None:
@@ -161,7 +165,7 @@ class TorchCollective(ProcessGroupCollective):
     @override
     def teardown(self) -> Self:
         self._meshes.clear()
-        self._direct = None
+        self._direct = self._gather_options = None
         self._reduce_options.clear()
         return super().teardown()
 
@@ -290,9 +294,9 @@ class TorchCollective(ProcessGroupCollective):
     def _direct_group(self, tensor: torch.Tensor) -> ProcessGroup | None:
         """The group to call directly for a synchronous op on ``tensor``, or None where
         torch.distributed's function must run (before setup, a tensor subclass or function
-        mode, a complex tensor, inside a coalescing block). The direct call is the one that function makes
-        after its checks, which accord's ops have already made: several µs less per call,
-        which a latency-bound small op (a metric, a vote) feels twice over."""
+        mode, a complex tensor, inside a coalescing block). The direct call is the one that
+        function makes after its checks, which accord's ops have already made: several µs
+        less per call, which a latency-bound small op (a metric, a vote) feels twice over."""
         group = self._direct
         if (
             group is None
@@ -342,9 +346,7 @@ class TorchCollective(ProcessGroupCollective):
             group = self._direct_group(output)
             direct = getattr(group, "all_gather_single", None)
             if direct is not None and not has_torch_function_unary(tensor):
-                from torch._C._distributed_c10d import AllgatherOptions
-
-                direct(self._lend(output), self._lend(tensor), AllgatherOptions()).wait()
+                direct(self._lend(output), self._lend(tensor), self._gather_options).wait()
                 return
             gather(self._lend(output), self._lend(tensor), group=self._group)
 
