@@ -9,23 +9,20 @@ operation runs as usual; if not, the ranks exchange full descriptions and every 
 `CollectiveMismatchError` naming what each rank called and from where. Nothing of the real
 operation is used, so the group stays usable.
 
-The comparison is one collective of a fixed-size int64 row per rank (no pickling; the
-layout is in `accord.core.wrappers.debug_fingerprint`): the fingerprint, how the call
-travels, and room for 64 bytes of payload, all-gathered. Every rank sends a row of the
-same size whatever it calls, so ranks that
-disagree (another shape, another op, a payload too large for the row) still meet in the same
-collective and see each other's fingerprints.
+The comparison is one ``sum`` all-reduce of two float64 numbers per rank (no pickling; the
+wire is in `accord.core.wrappers.debug_fold`): a payload, and a digest of the fingerprint
+with a bit saying whether the payload is in it. Every rank sends the same two numbers
+whatever it calls, so ranks that disagree (another shape, another op) still meet in the
+same collective, and every rank whose digest differs from the others' sees it in the sum.
 
-A small ``all_reduce``, ``all_gather`` or ``broadcast`` carries its payload in the row: once
-the fingerprints agree, the result is computed from the gathered rows, so the call costs one
-round trip instead of two. The local result is exactly the backend's: bytes are moved as
-they are; integer and bool reductions, ``max`` and ``min`` do not depend on the order of the
-operands; floating-point ``sum``, ``mean`` and ``product`` are folded only in a world of two,
-where one addition or multiplication has no order. A floating-point payload holding a NaN
-(or, for ``max``/``min``, a zero of both signs) is reduced by the backend instead, as a
-second collective, since its result there depends on the order of the operands. Larger
-payloads, ``async_op=True`` and every other op send the row without a payload and then run
-the real operation; so does every rank when any rank sent the call without its payload.
+A one-element ``sum`` or ``mean`` ``all_reduce`` and a one-element ``broadcast`` carry their
+payload in the first number: once the fingerprints agree, the sum is the result, so the
+call costs one round trip, the cost of the plain call, instead of two. The result is
+exactly the backend's: only sums without an order (a float32 or float64 in a world of two,
+integers that add exactly) fold, and a sum that is NaN, wraps an integer type or overflows
+float32 is sent to the backend after all. Other ops, larger tensors and ``async_op=True``
+send the check without a payload and then run the real operation; so does every rank when
+any rank sent the call without its payload.
 
 Turn it on for a whole run with ``ACCORD_DEBUG_COLLECTIVES=1`` (strategies wrap their
 collective through `accord.core.wrappers.policy.maybe_debug`), or wrap a collective by hand.
@@ -33,7 +30,6 @@ collective through `accord.core.wrappers.policy.maybe_debug`), or wrap a collect
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import pickle
 from collections.abc import Callable
@@ -44,16 +40,12 @@ from typing_extensions import Self, override
 
 from accord.core.collective import Collective, ReduceOp, ReduceOpLike
 from accord.core.wrappers.debug_fingerprint import (
-    _CHECK_ONLY,
     _DEFAULT_FIELDS,
     _DTYPE_IDS,
-    _FOLDED,
-    _HEADER_WORDS,
     _INVALID,
     _NONE,
     _OP_IDS,
     _REDUCE_IDS,
-    _ROW_WORDS,
     _STRICT_FIELDS,
     _TENSOR_OPS,
     _crc,
@@ -65,7 +57,7 @@ from accord.core.wrappers.debug_fingerprint import (
     parsed_op,
     shape_id,
 )
-from accord.core.wrappers.debug_fold import Rows, foldable, folded_result
+from accord.core.wrappers.debug_fold import Wire, folded_result, payload, spread
 from accord.core.wrappers.recorder import leave_trace
 from accord.core.wrappers.wrapper import CallSite, CollectiveWrapper, OpCall, call_site
 from accord.errors import CollectiveMismatchError
@@ -79,15 +71,15 @@ class DebugCollective(CollectiveWrapper):
     """A collective that checks, before every operation, that all ranks called the same one.
 
     Each public operation (tensor ops, ``barrier``, object ops) is first compared across
-    ranks by one collective of a fixed-size int64 row per rank through the wrapped
-    collective's primitives, no pickling. A small ``all_reduce``, ``all_gather`` or ``broadcast`` (at most
-    64 bytes per rank) travels in that row and is completed from the gathered rows: one
-    round trip in all, and the same result as the backend's. Other calls run after the
-    check: one extra small collective per call. ``send``/``recv`` swap their 9-int
-    fingerprint with the peer instead (two small point-to-point messages). On a difference
-    every rank raises `CollectiveMismatchError` naming each rank's op, shape, dtype,
-    arguments and calling ``file:line``; the real operation is not started. With a world of
-    one there is nothing to compare and no extra traffic.
+    ranks by one ``sum`` all-reduce of two float64 numbers through the wrapped collective's
+    primitives, no pickling. A one-element ``sum``/``mean`` ``all_reduce`` or
+    ``broadcast`` travels in those numbers and is finished from their sum: one round trip
+    in all, and the same result as the backend's. Other calls run after the check: one
+    extra small collective per call. ``send``/``recv`` swap their 9-int fingerprint with
+    the peer instead (two small point-to-point messages). On a difference every rank raises
+    `CollectiveMismatchError` naming each rank's op, shape, dtype, arguments and calling
+    ``file:line``; the real operation is not started. With a world of one there is nothing
+    to compare and no extra traffic.
 
     A folded call still goes through the wrappers inside this one (a recorder records it,
     statistics count it); only its communication is this wrapper's own.
@@ -105,8 +97,8 @@ class DebugCollective(CollectiveWrapper):
         self._calls = 0
         self._peer_calls: dict[int, int] = {}
         self._device: torch.device | None = None  # object_device, looked up once per setup
-        # The check's rows on the CPU, over a reused array (made on first use after setup).
-        self._slots: Rows | None = None
+        # The check's numbers on the CPU, over a reused array (made on first use after setup).
+        self._wire: Wire | None = None
 
     @property
     def calls_checked(self) -> int:
@@ -116,17 +108,17 @@ class DebugCollective(CollectiveWrapper):
     def __getstate__(self) -> dict[str, Any]:
         # A copy of the check buffer would no longer share memory with its array.
         state = self.__dict__.copy()
-        state["_slots"] = state["_device"] = None
+        state["_wire"] = state["_device"] = None
         return state
 
     @override
     def setup(self, **kwargs: Any) -> Self:
-        self._device = self._slots = None
+        self._device = self._wire = None
         return super().setup(**kwargs)
 
     @override
     def teardown(self) -> Self:
-        self._device = self._slots = None
+        self._device = self._wire = None
         return super().teardown()
 
     # ------------------------------------------------------- ops that can fold
@@ -193,20 +185,19 @@ class DebugCollective(CollectiveWrapper):
         # The calling line is only part of the fingerprint in strict mode; otherwise it is
         # looked up only to describe a mismatch.
         site = call_site()[0] if self.compare_call_sites else None
-        values, error = self._fingerprint(call, site, self._calls)
-        mode = _CHECK_ONLY
-        if fold and error is None and foldable(call, world_size):
-            mode = _FOLDED
-        payload = call.tensor if mode == _FOLDED else None
-        agreed, rows = self._exchange(values, mode, payload)
+        values, error, reduce = self._fingerprint(call, site, self._calls)
+        carried = None
+        if fold and error is None:
+            carried = payload(call, reduce, world_size, self._inner.rank)
+        agreed, total = self._exchange(values, carried, world_size)
         if agreed:
             if error is not None:
                 raise error  # every rank made the same invalid call: each raises its own
-            if rows is None:
+            if total is None:
                 return perform()
-            compute = folded_result(call, rows, out)
+            compute = folded_result(call, reduce, total, out, world_size)
             if compute is None:
-                return perform()  # the backend's result depends on the operands' order
+                return perform()  # the backend's result could differ from the sum's
             # The folded op's result is the one ``perform`` would have returned.
             return cast(_T, self._through_inner(call, compute))
         site, via = _where()
@@ -230,7 +221,7 @@ class DebugCollective(CollectiveWrapper):
         count = self._peer_calls.get(peer, 0) + 1
         self._peer_calls[peer] = count
         site, via = _where()
-        values, _ = self._fingerprint(call, site, count)
+        values = self._fingerprint(call, site, count)[0]
         mine = torch.tensor(values, dtype=torch.int64, device=self._object_device())
         theirs = torch.empty_like(mine)
         sending = call.op == "send"
@@ -254,17 +245,20 @@ class DebugCollective(CollectiveWrapper):
     # ------------------------------------------------------------- fingerprints
     def _fingerprint(
         self, call: OpCall, site: CallSite | None, count: int
-    ) -> tuple[list[int], Exception | None]:
-        """The fingerprint of ``call``, and the error the call itself will raise, if any."""
+    ) -> tuple[list[int], Exception | None, ReduceOp | None]:
+        """The fingerprint of ``call``, the error the call itself will raise, if any, and
+        its reduce op, parsed."""
         error: Exception | None = None
         tensor = call.tensor
         argument = peer = _NONE
+        reduce = None
         try:
             if call.op in _TENSOR_OPS or call.is_point_to_point:
                 self._check_ready(call.op, tensor)
             if call.reduce_op is not None:
                 argument = _INVALID
-                argument = _REDUCE_IDS[parsed_op(call.reduce_op)]
+                reduce = parsed_op(call.reduce_op)
+                argument = _REDUCE_IDS[reduce]
             if call.root is not None:
                 argument = call.root if _is_int(call.root) else _INVALID
                 self._check_rank("dst" if call.op in ("gather", "send") else "src", call.root)
@@ -284,7 +278,7 @@ class DebugCollective(CollectiveWrapper):
         label = _crc(call.label) if call.label else _NONE
         values = [_OP_IDS[call.op], argument, peer, dtype, ndim, shape, count]
         values += [_NONE if site is None else _site_hash(site), label]
-        return values, error
+        return values, error, reduce
 
     def _object_device(self) -> torch.device:
         device = self._device
@@ -292,58 +286,41 @@ class DebugCollective(CollectiveWrapper):
             device = self._device = self.object_device
         return device
 
-    def _rows(self, world_size: int) -> Rows:
-        """The check's CPU buffer for ``world_size`` ranks, made once and reused."""
-        rows = self._slots
-        if rows is None or rows.world_size != world_size:
-            rows = self._slots = Rows(world_size)
-        return rows
-
     def _exchange(
-        self, values: list[int], mode: int, payload: torch.Tensor | None
-    ) -> tuple[bool, Rows | torch.Tensor | None]:
-        """All-gather every rank's row. Returns whether every fingerprint equals this one and,
-        when every rank folded its call, where to read every rank's payload: the reused
-        buffer (`Rows`), or the gathered rows copied to the CPU."""
-        world_size = self._inner.world_size
-        rows = self._rows(world_size)
-        mine = rows.mine
+        self, values: list[int], carried: float | None, world_size: int
+    ) -> tuple[bool, float | None]:
+        """Sum every rank's wire (`accord.core.wrappers.debug_fold`). Returns whether every
+        fingerprint equals this one and, when every rank folded its call, the sum of the
+        payloads."""
+        wire = self._wire
+        if wire is None or wire.world_size != world_size:
+            wire = self._wire = Wire(world_size)
         width = _STRICT_FIELDS if self.compare_call_sites else _DEFAULT_FIELDS
-        digest = mine[0] = _digest(values[:width])
-        mine[1] = mode
-        if payload is not None:
-            nbytes = payload.numel() * payload.element_size()
-            start = _HEADER_WORDS * 8
-            if (
-                payload.is_cpu
-                and payload.is_contiguous()
-                and not (payload.is_conj() or payload.is_neg())
-            ):
-                ctypes.memmove(rows.address + start, payload.data_ptr(), nbytes)
-            else:
-                flat = payload.resolve_conj().resolve_neg().reshape(-1).view(torch.uint8)
-                rows.own.view(torch.uint8)[start : start + nbytes].copy_(flat)
+        digest = _digest(values[:width]) >> wire.shift
+        check = 2 * digest + (carried is not None)
+        first = 0.0 if carried is None else carried
         device = self._object_device()
         # The primitive, not the public op: wrappers inside this one do not see the check.
         if device.type == "cpu":
-            self._all_gather_into(rows.gathered, rows.own)
-            every = rows.every
-            starts = range(0, world_size * _ROW_WORDS, _ROW_WORDS)
-            agreed = all(every[r] == digest for r in starts)
-            folded = all(every[r + 1] == _FOLDED for r in starts)
-            where: Rows | torch.Tensor = rows
+            numbers = wire.numbers
+            numbers[0] = first
+            numbers[1] = check
+            self._all_reduce_(wire.tensor, ReduceOp.SUM)
+            total, check_sum = numbers
         else:
-            gathered = torch.empty((world_size, _ROW_WORDS), dtype=torch.int64, device=device)
-            self._all_gather_into(gathered, rows.own.to(device))
-            where = gathered.cpu()
-            headers = where[:, :_HEADER_WORDS].tolist()
-            agreed = all(row[0] == digest for row in headers)
-            folded = all(row[1] == _FOLDED for row in headers)
-        # A rank that sent its call without the payload (too large there, asynchronous, on
-        # another kind of device) makes every rank run the real operation next.
-        if not (agreed and folded) or payload is None:
-            return agreed, None
-        return True, where
+            # Where float64 may not be exact (XLA devices), the payload stays home.
+            exact = device.type == "cuda"
+            sent = torch.tensor(
+                [first if exact else 0, check if exact else 2 * digest],
+                dtype=torch.float64 if exact else torch.int64,
+                device=device,
+            )
+            self._all_reduce_(sent, ReduceOp.SUM)
+            total, check_sum = sent.tolist()
+        folded = spread(check_sum, digest, world_size)
+        if not 0 <= folded <= world_size:
+            return False, None
+        return True, (total if folded == world_size else None)
 
     def _through_inner(self, call: OpCall, compute: Callable[[], _T]) -> _T:
         """Run ``compute`` as the operation of every wrapper inside this one, outermost first."""

@@ -1,9 +1,9 @@
 """What `DebugCollective` compares and reports: call fingerprints and mismatch messages.
 
 Holds the fixed tables a fingerprint is built from (op, reduce op and dtype ids, the field
-layout), the wire format of the check's rows, the hashing of call sites, the stack walk that
-finds the accord line behind a call, and the text of a `CollectiveMismatchError` (what each
-rank called and where the calls differ).
+layout), its digest, the hashing of call sites, the stack walk that finds the accord line
+behind a call, and the text of a `CollectiveMismatchError` (what each rank called and where
+the calls differ).
 """
 
 from __future__ import annotations
@@ -72,46 +72,13 @@ _STRICT_FIELDS = 9
 _NONE = -1
 _INVALID = -2
 
-# The check's wire format: every rank all-gathers one int64 row of the same fixed size,
-# whatever it calls. Word 0 is a 56-bit digest of the compared fields of the fingerprint
-# above (_DEFAULT_FIELDS, or _STRICT_FIELDS with call sites), word 1 how the call travels
-# (_CHECK_ONLY: the real operation follows as a second collective; _FOLDED: the payload is in
-# this row and the result is computed from the gathered rows), then room for _PAYLOAD_BYTES
-# of a small payload's raw bytes (only the payload's own bytes are read). Ranks agree when
-# their digests do; a call is folded only when every rank's word 1 says _FOLDED, else every
-# rank runs the real operation. The row is kept short: on gloo an all-gather's latency grows
-# with it.
-_HEADER_WORDS = 2
-_PAYLOAD_BYTES = 64
-_ROW_WORDS = _HEADER_WORDS + _PAYLOAD_BYTES // 8
-_CHECK_ONLY = 1
-_FOLDED = 2
-# The dtypes an all_reduce is folded for: those gloo and nccl reduce (int16, complex and the
-# unsigned types beyond uint8 take the check-only way, where the backend decides).
-_REDUCIBLE = frozenset(
-    {
-        torch.float16,
-        torch.bfloat16,
-        torch.float32,
-        torch.float64,
-        torch.uint8,
-        torch.int8,
-        torch.int32,
-        torch.int64,
-        torch.bool,
-    }
-)
-# Floating-point reductions whose result depends on the order of the operands beyond two
-# ranks (the backend's order is its own): folded only in a world of two.
-_ORDERED = frozenset({ReduceOp.SUM, ReduceOp.MEAN, ReduceOp.PRODUCT})
-
 
 def _crc(text: str) -> int:
     return zlib.crc32(text.encode())
 
 
 def _digest(values: Sequence[int]) -> int:
-    """A 56-bit digest of ``values``: one int64 word of the check's row."""
+    """A 56-bit digest of ``values`` (the check's wire keeps its top bits)."""
     packed = struct.pack(f"<{len(values)}q", *values)
     return int.from_bytes(hashlib.blake2b(packed, digest_size=7).digest(), "little")
 

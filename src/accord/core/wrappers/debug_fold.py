@@ -1,10 +1,26 @@
-"""How a small call travels in `DebugCollective`'s check and is finished on every rank.
+"""The wire of `DebugCollective`'s check, and how a one-element call rides in it.
 
-`Rows` holds the check's reused CPU buffers: this rank's fixed-size int64 row (its layout
-is in `accord.core.wrappers.debug_fingerprint`) and every rank's rows once gathered, with
-typed views of the payloads. `foldable` says whether a call's payload rides in the row;
-`folded_result` computes, from every rank's payload, exactly what the backend would have
-returned (in rank order; None where the backend's result could depend on the order).
+Every rank sends the same thing whatever it calls: a ``sum`` all-reduce of two float64
+numbers, ``[payload, 2 * digest + folded]``. ``digest`` is a hash of the call's fingerprint,
+small enough (`digest_bits`) that the sum of every rank's second number is exact; ``folded``
+is 1 where this rank put its payload in the first number. Two small numbers because the
+backends move them fastest: on gloo a two-element all-reduce costs about what a
+one-element one costs, an all-gather or a longer all-reduce clearly more.
+
+Rank ``r`` reads the sum ``s`` of the second numbers as ``s - 2 * world_size * digest_r``
+(`spread`): with every digest equal it is the number of ranks that folded, between 0 and
+the world size. Any other digest moves it out of that range on every rank whose digest is
+not the exact mean of all of them: with two different calls, every rank; with three or
+more, every rank but one whose 50-bit hash happens to be their mean.
+
+`payload` says what a call puts in the first number. A one-element ``sum`` or ``mean``
+all-reduce whose result cannot depend on the order of the operands (a float32 or float64
+in a world of two, an integer or bool small enough to add exactly in float64) and a
+one-element broadcast (the source sends its value, every other rank ``-0.0``, which adds
+nothing, not even a sign) fold: the sum is then the call's result, and `folded_result`
+finishes it the backend's way (mean's division, the result dtype, ``out=``). A sum that is
+NaN, overflows the integer dtype or the float32 range goes to the backend after all, as
+every rank sees the same sum. Everything else sends ``0.0`` and the real operation follows.
 """
 
 from __future__ import annotations
@@ -19,162 +35,149 @@ import torch
 from accord.core.buffers import check_out, finish
 from accord.core.collective import ReduceOp
 from accord.core.reduce_op import reduce_dtypes
-from accord.core.wrappers.debug_fingerprint import (
-    _DTYPE_IDS,
-    _HEADER_WORDS,
-    _ORDERED,
-    _PAYLOAD_BYTES,
-    _REDUCIBLE,
-    _ROW_WORDS,
-    parsed_op,
-)
 from accord.core.wrappers.wrapper import OpCall
 
-__all__ = ["Rows", "foldable", "folded_result"]
+__all__ = ["Wire", "digest_bits", "folded_result", "payload", "spread"]
+
+# Integers up to this size add exactly in float64 (2**53), with room for the world's sum.
+_EXACT = 2**53
+# One-element all-reduces that fold: floating-point only where one addition has no order.
+_ORDERLESS_FLOATS = frozenset({torch.float32, torch.float64})
+_INTEGERS = frozenset({torch.uint8, torch.int8, torch.int32, torch.int64, torch.bool})
+# One-element broadcasts that fold: float64 holds every value of these exactly.
+_BROADCAST = frozenset(
+    {
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.bool,
+    }
+)
+_FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
-class Rows:
-    """The check's reused CPU buffers for one world size: this rank's row and every rank's
-    rows, each as an array and a tensor over it, and typed views of the payloads."""
+class Wire:
+    """The check's reused CPU buffer for one world size: two float64 numbers, as an array and
+    a tensor over it, and the shift that keeps `digest_bits` of a 56-bit digest."""
 
-    __slots__ = ("_views", "address", "every", "gathered", "mine", "own", "world_size")
+    __slots__ = ("numbers", "shift", "tensor", "world_size")
 
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
-        self.mine = array.array("q", bytes(8 * _ROW_WORDS))
-        self.address: int = self.mine.buffer_info()[0]
-        self.own = torch.frombuffer(self.mine, dtype=torch.int64)
-        self.every = array.array("q", bytes(8 * _ROW_WORDS * world_size))
-        self.gathered = torch.frombuffer(self.every, dtype=torch.int64).view(world_size, _ROW_WORDS)
-        self._views: dict[
-            tuple[torch.dtype, torch.Size], tuple[torch.Tensor, tuple[torch.Tensor, ...]]
-        ] = {}
-
-    def values(
-        self, dtype: torch.dtype, shape: torch.Size
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        """Every rank's payload as ``[world_size, *shape]`` of ``dtype``, and its rows:
-        views of the gathered rows, made once per dtype and shape."""
-        key = (dtype, shape)
-        views = self._views.get(key)
-        if views is None:
-            if len(self._views) > 256:
-                self._views.clear()
-            values = _values(self.gathered, dtype, shape)
-            views = self._views[key] = (values, values.unbind(0))
-        return views
+        self.shift = 56 - digest_bits(world_size)
+        self.numbers = array.array("d", (0.0, 0.0))
+        self.tensor = torch.frombuffer(self.numbers, dtype=torch.float64)
 
 
-def _values(gathered: torch.Tensor, dtype: torch.dtype, shape: torch.Size) -> torch.Tensor:
-    """The payloads in gathered rows (``[world_size, _ROW_WORDS]`` int64) as
-    ``[world_size, *shape]`` of ``dtype``."""
-    area = gathered.view(torch.uint8)[:, _HEADER_WORDS * 8 :].view(dtype)
-    return area[:, : shape.numel()].view((gathered.shape[0], *shape))
+def digest_bits(world_size: int) -> int:
+    """How many bits of the digest the wire carries: the sum of ``world_size`` numbers
+    ``2 * digest + 1`` stays below 2**53, where float64 counts exactly."""
+    return 52 - world_size.bit_length()
 
 
-def foldable(call: OpCall, world_size: int) -> bool:
-    """Whether ``call`` (valid on this rank) travels in the check's row: decided from fields
-    of the fingerprint (op, reduce op, dtype, size) and the tensor's kind of device. Ranks
-    that decide differently see it in the gathered rows and all run the real operation."""
+def spread(check_sum: float, digest: int, world_size: int) -> int:
+    """How many ranks folded, if every rank sent ``digest``; out of ``[0, world_size]``
+    where some rank sent another one."""
+    return int(check_sum) - 2 * world_size * digest
+
+
+def payload(call: OpCall, reduce: ReduceOp | None, world_size: int, rank: int) -> float | None:
+    """What ``call`` (valid on this rank, with its parsed ``reduce`` op) puts in the wire's
+    first number, or None where it does not fold. Ranks that decide differently see it in the sum and all run the real
+    operation."""
     tensor = call.tensor
     if (
         not isinstance(tensor, torch.Tensor)
+        or tensor.numel() != 1
         or tensor.layout is not torch.strided
         or not (tensor.is_cpu or tensor.is_cuda)
-        or tensor.dtype not in _DTYPE_IDS
-        or tensor.numel() * tensor.element_size() > _PAYLOAD_BYTES
     ):
-        return False
-    if call.op != "all_reduce":
-        return True  # bytes moved as they are
-    if tensor.dtype not in _REDUCIBLE:
-        return False
-    ordered = tensor.is_floating_point() and parsed_op(call.reduce_op) in _ORDERED
-    return world_size == 2 or not ordered
+        return None
+    dtype = tensor.dtype
+    if call.op == "broadcast":
+        if dtype not in _BROADCAST:
+            return None
+        if rank != call.root:
+            return -0.0
+        limit = _EXACT
+    elif call.op == "all_reduce":
+        if reduce is not ReduceOp.SUM and reduce is not ReduceOp.MEAN:
+            return None
+        if dtype in _ORDERLESS_FLOATS:
+            return float(tensor.item()) if world_size == 2 else None
+        if dtype not in _INTEGERS:
+            return None
+        limit = _EXACT // world_size
+    else:
+        return None
+    value = tensor.item()
+    if not dtype.is_floating_point and abs(value) >= limit:
+        return None
+    return float(value)
 
 
-def _order_matters(work: torch.Tensor, values: torch.Tensor, op: ReduceOp) -> bool:
-    """Whether reducing the floating-point ``values`` (one row per rank, reduced to
-    ``work`` here) could give another result in another order: a NaN (which payload
-    survives; a NaN anywhere makes ``work`` NaN), or for max and min a zero of both signs at
-    one position (which one wins)."""
-    extreme = op in (ReduceOp.MAX, ReduceOp.MIN)
-    if work.numel() == 1:
-        value = work.item()
-        if value != value:
-            return True
-        if value != 0 or not extreme:
-            return False
-    elif bool(work.isnan().any()):
-        return True
-    elif not extreme or not bool((work == 0).any()):
-        return False
-    zeros = values == 0
-    negative = zeros & torch.signbit(values)
-    return bool((negative.any(0) & (zeros & ~negative).any(0)).any())
+def _filled(
+    value: bool | int | float, out: torch.Tensor | None, tensor: torch.Tensor
+) -> torch.Tensor:
+    """A folded broadcast's result: ``value`` in a new tensor like ``tensor``, or in ``out``."""
+    if out is None:
+        return torch.full(tensor.shape, value, dtype=tensor.dtype, device=tensor.device)
+    check_out(out, tensor.shape, tensor.dtype, tensor.device)
+    return out.fill_(value)
 
 
-_COMBINE: dict[ReduceOp, Callable[..., torch.Tensor]] = {
-    ReduceOp.SUM: torch.add,
-    ReduceOp.MEAN: torch.add,  # divided by the world size afterwards, as the backend's path
-    ReduceOp.MAX: torch.maximum,
-    ReduceOp.MIN: torch.minimum,
-    ReduceOp.PRODUCT: torch.mul,
-}
-
-
-def _finish(
-    work: torch.Tensor,
+def _reduced(
+    value: int | float,
     out: torch.Tensor | None,
     tensor: torch.Tensor,
-    result_dtype: torch.dtype,
     op: ReduceOp,
+    dtypes: tuple[torch.dtype, torch.dtype],
     world_size: int,
 ) -> torch.Tensor:
-    """A folded all_reduce's result from the reduced ``work``: the backend path's final
-    division, cast and ``out=`` rules (`accord.core.buffers.finish`)."""
+    """A folded all_reduce's result: the backend path's final division, cast and ``out=``
+    rules (`accord.core.buffers.finish`) applied to the summed ``value``."""
+    result_dtype, work_dtype = dtypes
     if out is not None:
         check_out(out, tensor.shape, result_dtype, tensor.device)
+    work = torch.full(tensor.shape, value, dtype=work_dtype, device=tensor.device)
     return finish(work, out, result_dtype, op, world_size)
 
 
-def _into(result: torch.Tensor, out: torch.Tensor | None, tensor: torch.Tensor) -> torch.Tensor:
-    """A copy of ``result`` (gathered rows or the source's row), or ``out`` filled with it."""
-    if out is None:
-        return result.clone(memory_format=torch.contiguous_format)
-    check_out(out, result.shape, tensor.dtype, tensor.device)
-    return out.copy_(result)
-
-
 def folded_result(
-    call: OpCall, where: Rows | torch.Tensor, out: torch.Tensor | None
+    call: OpCall,
+    reduce: ReduceOp | None,
+    total: float,
+    out: torch.Tensor | None,
+    world_size: int,
 ) -> Callable[[], Any] | None:
-    """The folded call's result from every rank's payload, as a function to run under
-    the inner wrappers; None where the backend's result could differ."""
+    """The folded call's result from the wire's summed first number, as a function to run
+    under the inner wrappers; None where the backend's result could differ (every rank
+    decides the same, from the same sum)."""
+    if total != total:
+        return None  # NaN: which NaN the backend returns is its own
     tensor: torch.Tensor = call.tensor
-    # [world_size, *shape] and its rows: on the CPU views of the reused buffer, only read.
-    if isinstance(where, Rows):
-        values, rows = where.values(tensor.dtype, tensor.shape)
-    else:
-        values = _values(where, tensor.dtype, tensor.shape)
-        rows = values.unbind(0)
-    if not tensor.is_cpu:
-        values = values.to(tensor.device)
-        rows = values.unbind(0)
-    if call.op == "all_gather":
-        return functools.partial(_into, values, out, tensor)
+    dtype = tensor.dtype
     if call.op == "broadcast":
-        return functools.partial(_into, rows[call.root], out, tensor)
-    op = parsed_op(call.reduce_op)
-    result_dtype, work_dtype = reduce_dtypes(tensor.dtype, op)
-    if values.dtype != work_dtype:
-        values = values.to(work_dtype)
-        rows = values.unbind(0)
-    # In rank order, into a new tensor (never the reused buffer).
-    combine = _COMBINE[op]
-    work = combine(rows[0], rows[1])
-    for row in rows[2:]:
-        combine(work, row, out=work)
-    if work.is_floating_point() and _order_matters(work, values, op):
-        return None
-    return functools.partial(_finish, work, out, tensor, result_dtype, op, len(rows))
+        value: bool | int | float = total
+        if dtype == torch.bool:
+            value = bool(total)
+        elif not dtype.is_floating_point:
+            value = int(total)
+        return functools.partial(_filled, value, out, tensor)
+    assert reduce is not None  # a folded all_reduce's op parsed
+    dtypes = reduce_dtypes(dtype, reduce)
+    work_dtype = dtypes[1]
+    if work_dtype.is_floating_point:
+        if work_dtype == torch.float32 and abs(total) > _FLOAT32_MAX:
+            return None  # the backend's float32 sum overflows to an infinity
+        return functools.partial(_reduced, total, out, tensor, reduce, dtypes, world_size)
+    info = torch.iinfo(work_dtype)
+    if not info.min <= total <= info.max:
+        return None  # the backend's integer sum wraps around
+    return functools.partial(_reduced, int(total), out, tensor, reduce, dtypes, world_size)
