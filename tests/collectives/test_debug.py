@@ -43,6 +43,14 @@ def _shape(c: Collective, rank: int) -> None:
         c.all_reduce(torch.ones(3))
 
 
+def _shape_of_calls_seen_before(c: Collective, rank: int) -> None:
+    # Both kinds of call have been checked already on both ranks (the check remembers what
+    # a kind of call contributes), then the ranks call one each.
+    c.all_reduce(torch.ones(2))
+    c.all_reduce(torch.ones(3))
+    c.all_reduce(torch.ones(2) if rank == 0 else torch.ones(3))
+
+
 def _dtype(c: Collective, rank: int) -> None:
     if rank == 0:
         c.all_reduce(torch.ones(2, dtype=torch.float32))
@@ -113,6 +121,7 @@ _ASYNC = "async_op" in inspect.signature(Collective.all_reduce).parameters
 
 _SCENARIOS: dict[str, Scenario] = {
     "shape": _shape,
+    "shape_of_calls_seen_before": _shape_of_calls_seen_before,
     "dtype": _dtype,
     "op": _op,
     "reduce_op": _reduce_op,
@@ -197,6 +206,14 @@ def test_shape_mismatch_raises_on_both_ranks_naming_shapes_and_sites(
     calls = scenarios[0]["shape"]["calls"]
     assert [c["shape"] for c in calls] == [[2], [3]]
     assert [c["op"] for c in calls] == ["all_reduce", "all_reduce"]
+
+
+def test_a_mismatch_between_kinds_of_call_seen_before_is_caught(
+    scenarios: list[dict[str, dict[str, Any]]],
+) -> None:
+    for message in _mismatch_on_both(scenarios, "shape_of_calls_seen_before"):
+        assert "differ in shape" in message
+        assert "[call #" in message
 
 
 def test_dtype_mismatch(scenarios: list[dict[str, dict[str, Any]]]) -> None:

@@ -40,6 +40,7 @@ from typing_extensions import Self, override
 
 from accord.core.collective import Collective, ReduceOp, ReduceOpLike
 from accord.core.wrappers.debug_fingerprint import (
+    _COUNT,
     _DEFAULT_FIELDS,
     _DTYPE_IDS,
     _INVALID,
@@ -52,12 +53,13 @@ from accord.core.wrappers.debug_fingerprint import (
     _digest,
     _is_int,
     _mismatch_message,
+    _mixed,
     _site_hash,
     _where,
     parsed_op,
     shape_id,
 )
-from accord.core.wrappers.debug_fold import Wire, folded_result, payload, spread
+from accord.core.wrappers.debug_fold import Wire, fold_limit, folded_result, payload, spread
 from accord.core.wrappers.recorder import leave_trace
 from accord.core.wrappers.wrapper import CallSite, CollectiveWrapper, OpCall, call_site
 from accord.errors import CollectiveMismatchError
@@ -99,6 +101,10 @@ class DebugCollective(CollectiveWrapper):
         self._device: torch.device | None = None  # object_device, looked up once per setup
         # The check's numbers on the CPU, over a reused array (made on first use after setup).
         self._wire: Wire | None = None
+        # What a valid kind of call contributes to the check, by `_kind` (cleared at setup).
+        self._seeds: dict[tuple[Any, ...], tuple[int, ReduceOp | None, int | None]] = {}
+        # This rank, the world size and the wrappers inside this one, looked up once per setup.
+        self._place: tuple[int, int, tuple[CollectiveWrapper, ...]] | None = None
 
     @property
     def calls_checked(self) -> int:
@@ -108,17 +114,19 @@ class DebugCollective(CollectiveWrapper):
     def __getstate__(self) -> dict[str, Any]:
         # A copy of the check buffer would no longer share memory with its array.
         state = self.__dict__.copy()
-        state["_wire"] = state["_device"] = None
+        state["_wire"] = state["_device"] = state["_place"] = None
         return state
 
     @override
     def setup(self, **kwargs: Any) -> Self:
-        self._device = self._wire = None
+        self._device = self._wire = self._place = None
+        self._seeds = {}
         return super().setup(**kwargs)
 
     @override
     def teardown(self) -> Self:
-        self._device = self._wire = None
+        self._device = self._wire = self._place = None
+        self._seeds = {}
         return super().teardown()
 
     # ------------------------------------------------------- ops that can fold
@@ -179,17 +187,17 @@ class DebugCollective(CollectiveWrapper):
         if call.is_point_to_point:
             return self._run_point_to_point(call, perform)
         self._calls += 1
-        world_size = self._inner.world_size
+        rank, world_size, layers = self._place or self._find_place()
         if world_size == 1:
             return perform()
         # The calling line is only part of the fingerprint in strict mode; otherwise it is
         # looked up only to describe a mismatch.
         site = call_site()[0] if self.compare_call_sites else None
-        values, error, reduce = self._fingerprint(call, site, self._calls)
+        seed, error, reduce, limit = self._seed(call, site, world_size)
         carried = None
-        if fold and error is None:
-            carried = payload(call, reduce, world_size, self._inner.rank)
-        agreed, total = self._exchange(values, carried, world_size)
+        if fold and limit is not None:
+            carried = payload(call, limit, rank)
+        agreed, total = self._exchange(_mixed(seed, self._calls), carried, world_size)
         if agreed:
             if error is not None:
                 raise error  # every rank made the same invalid call: each raises its own
@@ -199,7 +207,7 @@ class DebugCollective(CollectiveWrapper):
             if compute is None:
                 return perform()  # the backend's result could differ from the sum's
             # The folded op's result is the one ``perform`` would have returned.
-            return cast(_T, self._through_inner(call, compute))
+            return cast(_T, self._through(layers, call, compute))
         site, via = _where()
         description = self._describe(call, site, via, self._calls, error)
         # The base class's object op runs on this wrapper's primitives, unseen by inner
@@ -280,6 +288,34 @@ class DebugCollective(CollectiveWrapper):
         values += [_NONE if site is None else _site_hash(site), label]
         return values, error, reduce
 
+    def _seed(
+        self, call: OpCall, site: CallSite | None, world_size: int
+    ) -> tuple[int, Exception | None, ReduceOp | None, int | None]:
+        """What ``call`` contributes to the check whatever its count: the `_digest` of its
+        compared fields, the error the call will raise, if any, its reduce op (parsed) and
+        its `fold_limit`. Remembered per kind of valid call outside strict mode, so a call
+        like an earlier one costs a lookup."""
+        key = _kind(call) if site is None else None
+        if key is not None:
+            try:
+                known = self._seeds.get(key)
+            except TypeError:  # an argument that cannot be hashed
+                key = known = None
+            if known is not None:
+                return known[0], None, known[1], known[2]
+        values, error, reduce = self._fingerprint(call, site, 0)
+        width = _STRICT_FIELDS if self.compare_call_sites else _DEFAULT_FIELDS
+        # Every compared field but the count (index _COUNT), which `_mixed` adds per call.
+        seed = _digest(values[:_COUNT] + values[_COUNT + 1 : width])
+        if error is not None:
+            return seed, error, reduce, None
+        limit = fold_limit(call, reduce, world_size)
+        if key is not None:
+            if len(self._seeds) > 4096:
+                self._seeds.clear()
+            self._seeds[key] = (seed, reduce, limit)
+        return seed, None, reduce, limit
+
     def _object_device(self) -> torch.device:
         device = self._device
         if device is None:
@@ -287,16 +323,15 @@ class DebugCollective(CollectiveWrapper):
         return device
 
     def _exchange(
-        self, values: list[int], carried: float | None, world_size: int
+        self, mixed: int, carried: float | None, world_size: int
     ) -> tuple[bool, float | None]:
-        """Sum every rank's wire (`accord.core.wrappers.debug_fold`). Returns whether every
-        fingerprint equals this one and, when every rank folded its call, the sum of the
-        payloads."""
+        """Sum every rank's wire (`accord.core.wrappers.debug_fold`) for a call of 64-bit
+        digest ``mixed``. Returns whether every rank's digest equals this one and, when every
+        rank folded its call, the sum of the payloads."""
         wire = self._wire
         if wire is None or wire.world_size != world_size:
             wire = self._wire = Wire(world_size)
-        width = _STRICT_FIELDS if self.compare_call_sites else _DEFAULT_FIELDS
-        digest = _digest(values[:width]) >> wire.shift
+        digest = mixed >> wire.shift
         check = 2 * digest + (carried is not None)
         first = 0.0 if carried is None else carried
         device = self._object_device()
@@ -322,15 +357,21 @@ class DebugCollective(CollectiveWrapper):
             return False, None
         return True, (total if folded == world_size else None)
 
-    def _through_inner(self, call: OpCall, compute: Callable[[], _T]) -> _T:
-        """Run ``compute`` as the operation of every wrapper inside this one, outermost first."""
-        layer = self._inner
-        if not isinstance(layer, CollectiveWrapper):
-            return compute()
+    def _find_place(self) -> tuple[int, int, tuple[CollectiveWrapper, ...]]:
+        """This rank, the world size and the wrappers inside this one, outermost first."""
         layers: list[CollectiveWrapper] = []
+        layer = self._inner
         while isinstance(layer, CollectiveWrapper):
             layers.append(layer)
             layer = layer.inner
+        self._place = (self._inner.rank, self._inner.world_size, tuple(layers))
+        return self._place
+
+    @staticmethod
+    def _through(
+        layers: tuple[CollectiveWrapper, ...], call: OpCall, compute: Callable[[], _T]
+    ) -> _T:
+        """Run ``compute`` as the operation of the wrappers ``layers`` (outermost first)."""
         run = compute
         for wrapper in reversed(layers):
             run = functools.partial(wrapper._run, call, run)
@@ -400,3 +441,22 @@ class DebugCollective(CollectiveWrapper):
         received = receive()
         send()
         return received
+
+
+def _kind(call: OpCall) -> tuple[Any, ...] | None:
+    """What a tensor call's check depends on besides its count: the op, its arguments and
+    the tensor's type, dtype, shape, layout and device. None for calls without a tensor."""
+    tensor = call.tensor
+    if not isinstance(tensor, torch.Tensor):
+        return None
+    return (
+        call.op,
+        call.reduce_op,
+        call.root,
+        call.label,
+        type(tensor),
+        tensor.dtype,
+        tensor.shape,
+        tensor.layout,
+        tensor.device,
+    )

@@ -69,6 +69,7 @@ _DTYPE_IDS = {
 # broadcast(x) else: broadcast(y)` is correct code that calls from two lines.
 _DEFAULT_FIELDS = 7
 _STRICT_FIELDS = 9
+_COUNT = 6  # the call count's index
 _NONE = -1
 _INVALID = -2
 
@@ -78,9 +79,22 @@ def _crc(text: str) -> int:
 
 
 def _digest(values: Sequence[int]) -> int:
-    """A 56-bit digest of ``values`` (the check's wire keeps its top bits)."""
+    """A 56-bit digest of ``values``: a call's compared fields but its count."""
     packed = struct.pack(f"<{len(values)}q", *values)
     return int.from_bytes(hashlib.blake2b(packed, digest_size=7).digest(), "little")
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mixed(seed: int, count: int) -> int:
+    """A 64-bit digest of a call: its fields' `_digest` and its count, through splitmix64's
+    finaliser, so that calls differing only in their count land far apart (the check's
+    wire keeps the top bits)."""
+    z = (seed + count * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
 
 
 # The layers between a caller and this check. A report's "via" is the first accord frame

@@ -4,16 +4,16 @@ Every rank sends the same thing whatever it calls: a ``sum`` all-reduce of two f
 numbers, ``[payload, 2 * digest + folded]``. ``digest`` is a hash of the call's fingerprint,
 small enough (`digest_bits`) that the sum of every rank's second number is exact; ``folded``
 is 1 where this rank put its payload in the first number. Two small numbers because the
-backends move them fastest: on gloo a two-element all-reduce costs about what a
+backends move them fastest: on gloo a two-element all-reduce costs a little more than a
 one-element one costs, an all-gather or a longer all-reduce clearly more.
 
 Rank ``r`` reads the sum ``s`` of the second numbers as ``s - 2 * world_size * digest_r``
 (`spread`): with every digest equal it is the number of ranks that folded, between 0 and
 the world size. Any other digest moves it out of that range on every rank whose digest is
 not the exact mean of all of them: with two different calls, every rank; with three or
-more, every rank but one whose 50-bit hash happens to be their mean.
+more, every rank but one whose digest happens to be their mean.
 
-`payload` says what a call puts in the first number. A one-element ``sum`` or ``mean``
+`fold_limit` and `payload` say what a call puts in the first number. A one-element ``sum`` or ``mean``
 all-reduce whose result cannot depend on the order of the operands (a float32 or float64
 in a world of two, an integer or bool small enough to add exactly in float64) and a
 one-element broadcast (the source sends its value, every other rank ``-0.0``, which adds
@@ -37,7 +37,7 @@ from accord.core.collective import ReduceOp
 from accord.core.reduce_op import reduce_dtypes
 from accord.core.wrappers.wrapper import OpCall
 
-__all__ = ["Wire", "digest_bits", "folded_result", "payload", "spread"]
+__all__ = ["Wire", "digest_bits", "fold_limit", "folded_result", "payload", "spread"]
 
 # Integers up to this size add exactly in float64 (2**53), with room for the world's sum.
 _EXACT = 2**53
@@ -64,13 +64,13 @@ _FLOAT32_MAX = torch.finfo(torch.float32).max
 
 class Wire:
     """The check's reused CPU buffer for one world size: two float64 numbers, as an array and
-    a tensor over it, and the shift that keeps `digest_bits` of a 56-bit digest."""
+    a tensor over it, and the shift that keeps `digest_bits` of a 64-bit digest."""
 
     __slots__ = ("numbers", "shift", "tensor", "world_size")
 
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
-        self.shift = 56 - digest_bits(world_size)
+        self.shift = 64 - digest_bits(world_size)
         self.numbers = array.array("d", (0.0, 0.0))
         self.tensor = torch.frombuffer(self.numbers, dtype=torch.float64)
 
@@ -87,10 +87,11 @@ def spread(check_sum: float, digest: int, world_size: int) -> int:
     return int(check_sum) - 2 * world_size * digest
 
 
-def payload(call: OpCall, reduce: ReduceOp | None, world_size: int, rank: int) -> float | None:
-    """What ``call`` (valid on this rank, with its parsed ``reduce`` op) puts in the wire's
-    first number, or None where it does not fold. Ranks that decide differently see it in the sum and all run the real
-    operation."""
+def fold_limit(call: OpCall, reduce: ReduceOp | None, world_size: int) -> int | None:
+    """Whether ``call`` (valid on this rank, with its parsed ``reduce`` op) can fold: None
+    where it cannot, else the bound an integer payload's magnitude must stay under (0: any
+    value). Depends only on the kind of call (op, arguments, the tensor's dtype, size,
+    layout and device), never on the values."""
     tensor = call.tensor
     if (
         not isinstance(tensor, torch.Tensor)
@@ -103,21 +104,22 @@ def payload(call: OpCall, reduce: ReduceOp | None, world_size: int, rank: int) -
     if call.op == "broadcast":
         if dtype not in _BROADCAST:
             return None
-        if rank != call.root:
-            return -0.0
-        limit = _EXACT
-    elif call.op == "all_reduce":
-        if reduce is not ReduceOp.SUM and reduce is not ReduceOp.MEAN:
-            return None
-        if dtype in _ORDERLESS_FLOATS:
-            return float(tensor.item()) if world_size == 2 else None
-        if dtype not in _INTEGERS:
-            return None
-        limit = _EXACT // world_size
-    else:
+        return 0 if dtype.is_floating_point else _EXACT
+    if call.op != "all_reduce" or (reduce is not ReduceOp.SUM and reduce is not ReduceOp.MEAN):
         return None
-    value = tensor.item()
-    if not dtype.is_floating_point and abs(value) >= limit:
+    if dtype in _ORDERLESS_FLOATS:
+        return 0 if world_size == 2 else None
+    return _EXACT // world_size if dtype in _INTEGERS else None
+
+
+def payload(call: OpCall, limit: int, rank: int) -> float | None:
+    """What ``call``, which can fold under ``limit`` (`fold_limit`), puts in the wire's first
+    number, or None where its value does not fold. Ranks that decide differently see it in
+    the sum and all run the real operation."""
+    if call.op == "broadcast" and rank != call.root:
+        return -0.0
+    value = call.tensor.item()
+    if limit and abs(value) >= limit:
         return None
     return float(value)
 
