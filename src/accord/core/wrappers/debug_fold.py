@@ -35,6 +35,7 @@ import torch
 from accord.core.buffers import check_out, finish
 from accord.core.collective import ReduceOp
 from accord.core.reduce_op import reduce_dtypes
+from accord.core.wrappers.debug_fingerprint import _DTYPE_IDS
 from accord.core.wrappers.wrapper import OpCall
 
 __all__ = ["Wire", "digest_bits", "fold_limit", "folded_result", "payload", "spread"]
@@ -44,21 +45,9 @@ _EXACT = 2**53
 # One-element all-reduces that fold: floating-point only where one addition has no order.
 _ORDERLESS_FLOATS = frozenset({torch.float32, torch.float64})
 _INTEGERS = frozenset({torch.uint8, torch.int8, torch.int32, torch.int64, torch.bool})
-# One-element broadcasts that fold: float64 holds every value of these exactly.
-_BROADCAST = frozenset(
-    {
-        torch.float16,
-        torch.bfloat16,
-        torch.float32,
-        torch.float64,
-        torch.uint8,
-        torch.int8,
-        torch.int16,
-        torch.int32,
-        torch.int64,
-        torch.bool,
-    }
-)
+# One-element broadcasts that fold: float64 holds every value of these exactly (every
+# dtype a fingerprint names but the complex ones).
+_BROADCAST = frozenset(_DTYPE_IDS) - {torch.complex64, torch.complex128}
 _FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
