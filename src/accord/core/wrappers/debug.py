@@ -56,6 +56,7 @@ from accord.core.wrappers.debug_fingerprint import (
     _mixed,
     _site_hash,
     _where,
+    call_kind,
     parsed_op,
     shape_id,
 )
@@ -101,7 +102,7 @@ class DebugCollective(CollectiveWrapper):
         self._device: torch.device | None = None  # object_device, looked up once per setup
         # The check's numbers on the CPU, over a reused array (made on first use after setup).
         self._wire: Wire | None = None
-        # What a valid kind of call contributes to the check, by `_kind` (cleared at setup).
+        # What a valid kind of call contributes to the check, by `call_kind` (cleared at setup).
         self._seeds: dict[tuple[Any, ...], tuple[int, ReduceOp | None, int | None]] = {}
         # This rank, the world size and the wrappers inside this one, looked up once per setup.
         self._place: tuple[int, int, tuple[CollectiveWrapper, ...]] | None = None
@@ -295,7 +296,7 @@ class DebugCollective(CollectiveWrapper):
         compared fields, the error the call will raise, if any, its reduce op (parsed) and
         its `fold_limit`. Remembered per kind of valid call outside strict mode, so a call
         like an earlier one costs a lookup."""
-        key = _kind(call) if site is None else None
+        key = call_kind(call) if site is None else None
         if key is not None:
             try:
                 known = self._seeds.get(key)
@@ -441,22 +442,3 @@ class DebugCollective(CollectiveWrapper):
         received = receive()
         send()
         return received
-
-
-def _kind(call: OpCall) -> tuple[Any, ...] | None:
-    """What a tensor call's check depends on besides its count: the op, its arguments and
-    the tensor's type, dtype, shape, layout and device. None for calls without a tensor."""
-    tensor = call.tensor
-    if not isinstance(tensor, torch.Tensor):
-        return None
-    return (
-        call.op,
-        call.reduce_op,
-        call.root,
-        call.label,
-        type(tensor),
-        tensor.dtype,
-        tensor.shape,
-        tensor.layout,
-        tensor.device,
-    )

@@ -1,9 +1,9 @@
 """What `DebugCollective` compares and reports: call fingerprints and mismatch messages.
 
 Holds the fixed tables a fingerprint is built from (op, reduce op and dtype ids, the field
-layout), its digest, the hashing of call sites, the stack walk that finds the accord line
-behind a call, and the text of a `CollectiveMismatchError` (what each rank called and where
-the calls differ).
+layout), its digest, what a kind of call is (`call_kind`), the hashing of call sites, the
+stack walk that finds the accord line behind a call, and the text of a
+`CollectiveMismatchError` (what each rank called and where the calls differ).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 
 from accord.core.collective import ReduceOp, ReduceOpLike
 from accord.core.reduce_op import OP_SPELLINGS
-from accord.core.wrappers.wrapper import CallSite, call_site
+from accord.core.wrappers.wrapper import CallSite, OpCall, call_site
 
 # The group operations, in a fixed order: a fingerprint carries the index, never a name.
 _OPS = (
@@ -189,3 +189,22 @@ def parsed_op(op: ReduceOpLike) -> ReduceOp:
     """`ReduceOp.parse`, with the exact spellings looked up first (as `Collective` does)."""
     found = OP_SPELLINGS.get(op) if isinstance(op, str) else None
     return ReduceOp.parse(op) if found is None else found
+
+
+def call_kind(call: OpCall) -> tuple[Any, ...] | None:
+    """What a tensor call's check depends on besides its count: the op, its arguments and
+    the tensor's type, dtype, shape, layout and device. None for calls without a tensor."""
+    tensor = call.tensor
+    if not isinstance(tensor, torch.Tensor):
+        return None
+    return (
+        call.op,
+        call.reduce_op,
+        call.root,
+        call.label,
+        type(tensor),
+        tensor.dtype,
+        tensor.shape,
+        tensor.layout,
+        tensor.device,
+    )
