@@ -346,7 +346,7 @@ def test_a_copy_does_not_share_the_check_buffer() -> None:
     # The check agreed and the sum was folded into it: this rank's one, twice.
     assert c.all_reduce(torch.tensor(1.0)).item() == 2.0
     copied = pickle.loads(pickle.dumps(c))
-    assert copied.__dict__["_wire"] is None
+    assert copied.__dict__["_place"] is None  # with the check buffer
     assert copied.all_reduce(torch.tensor(3.0)).item() == 6.0
     assert c.all_reduce(torch.tensor(1.0)).item() == 2.0
 

@@ -100,12 +100,11 @@ class DebugCollective(CollectiveWrapper):
         self._calls = 0
         self._peer_calls: dict[int, int] = {}
         self._device: torch.device | None = None  # object_device, looked up once per setup
-        # The check's numbers on the CPU, over a reused array (made on first use after setup).
-        self._wire: Wire | None = None
         # What a valid kind of call contributes to the check, by `call_kind` (cleared at setup).
         self._seeds: dict[tuple[Any, ...], tuple[int, ReduceOp | None, int | None]] = {}
-        # This rank, the world size and the wrappers inside this one, looked up once per setup.
-        self._place: tuple[int, int, tuple[CollectiveWrapper, ...]] | None = None
+        # This rank, the world size, the wrappers inside this one and the check's reused
+        # buffer, made on the first check after setup (`_find_place`).
+        self._place: tuple[int, int, tuple[CollectiveWrapper, ...], Wire] | None = None
 
     @property
     def calls_checked(self) -> int:
@@ -115,18 +114,18 @@ class DebugCollective(CollectiveWrapper):
     def __getstate__(self) -> dict[str, Any]:
         # A copy of the check buffer would no longer share memory with its array.
         state = self.__dict__.copy()
-        state["_wire"] = state["_device"] = state["_place"] = None
+        state["_device"] = state["_place"] = None
         return state
 
     @override
     def setup(self, **kwargs: Any) -> Self:
-        self._device = self._wire = self._place = None
+        self._device = self._place = None
         self._seeds = {}
         return super().setup(**kwargs)
 
     @override
     def teardown(self) -> Self:
-        self._device = self._wire = self._place = None
+        self._device = self._place = None
         self._seeds = {}
         return super().teardown()
 
@@ -188,7 +187,7 @@ class DebugCollective(CollectiveWrapper):
         if call.is_point_to_point:
             return self._run_point_to_point(call, perform)
         self._calls += 1
-        rank, world_size, layers = self._place or self._find_place()
+        rank, world_size, layers, wire = self._place or self._find_place()
         if world_size == 1:
             return perform()
         # The calling line is only part of the fingerprint in strict mode; otherwise it is
@@ -198,7 +197,7 @@ class DebugCollective(CollectiveWrapper):
         carried = None
         if fold and limit is not None:
             carried = payload(call, limit, rank)
-        agreed, total = self._exchange(_mixed(seed, self._calls), carried, world_size)
+        agreed, total = self._exchange(_mixed(seed, self._calls), carried, world_size, wire)
         if agreed:
             if error is not None:
                 raise error  # every rank made the same invalid call: each raises its own
@@ -324,14 +323,11 @@ class DebugCollective(CollectiveWrapper):
         return device
 
     def _exchange(
-        self, mixed: int, carried: float | None, world_size: int
+        self, mixed: int, carried: float | None, world_size: int, wire: Wire
     ) -> tuple[bool, float | None]:
         """Sum every rank's wire (`accord.core.wrappers.debug_fold`) for a call of 64-bit
         digest ``mixed``. Returns whether every rank's digest equals this one and, when every
         rank folded its call, the sum of the payloads."""
-        wire = self._wire
-        if wire is None or wire.world_size != world_size:
-            wire = self._wire = Wire(world_size)
         digest = mixed >> wire.shift
         check = 2 * digest + (carried is not None)
         first = 0.0 if carried is None else carried
@@ -358,14 +354,16 @@ class DebugCollective(CollectiveWrapper):
             return False, None
         return True, (total if folded == world_size else None)
 
-    def _find_place(self) -> tuple[int, int, tuple[CollectiveWrapper, ...]]:
-        """This rank, the world size and the wrappers inside this one, outermost first."""
+    def _find_place(self) -> tuple[int, int, tuple[CollectiveWrapper, ...], Wire]:
+        """This rank, the world size, the wrappers inside this one (outermost first) and a
+        new check buffer for this world size."""
         layers: list[CollectiveWrapper] = []
         layer = self._inner
         while isinstance(layer, CollectiveWrapper):
             layers.append(layer)
             layer = layer.inner
-        self._place = (self._inner.rank, self._inner.world_size, tuple(layers))
+        world_size = self._inner.world_size
+        self._place = (self._inner.rank, world_size, tuple(layers), Wire(world_size))
         return self._place
 
     @staticmethod

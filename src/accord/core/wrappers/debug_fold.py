@@ -55,10 +55,9 @@ class Wire:
     """The check's reused CPU buffer for one world size: two float64 numbers, as an array and
     a tensor over it, and the shift that keeps `digest_bits` of a 64-bit digest."""
 
-    __slots__ = ("numbers", "shift", "tensor", "world_size")
+    __slots__ = ("numbers", "shift", "tensor")
 
     def __init__(self, world_size: int) -> None:
-        self.world_size = world_size
         self.shift = 64 - digest_bits(world_size)
         self.numbers = array.array("d", (0.0, 0.0))
         self.tensor = torch.frombuffer(self.numbers, dtype=torch.float64)
