@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from models import LinearModel, loader
 from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
 
 import accord
 from accord.errors import ConfigurationError
@@ -42,10 +43,17 @@ class DtypeRecorder(LinearModel):
     def __init__(self) -> None:
         super().__init__()
         self.batch_dtypes: set[torch.dtype] = set()
+        self.ddp_buckets: int | None = None
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         self.batch_dtypes.update(t.dtype for t in batch)
         return super().training_step(batch, batch_idx)
+
+    def on_train_end(self) -> None:
+        wrapper = self.trainer.model_wrapper
+        if isinstance(wrapper, DistributedDataParallel):
+            sizes = wrapper._get_ddp_logging_data()["bucket_sizes"]
+            self.ddp_buckets = len(str(sizes).split(","))
 
 
 def _weights(model: torch.nn.Module) -> torch.Tensor:
@@ -59,6 +67,7 @@ def _fit(strategy: str, **kwargs: Any) -> dict[str, Any]:
     trainer = accord.Trainer(strategy=strategy, **{**SETTINGS, **kwargs})
     trainer.fit(model, loader(batch_size=16), loader(batch_size=64))
     return {
+        "ddp_buckets": model.ddp_buckets,
         "weights": _weights(model),
         "param_dtypes": {p.dtype for p in model.parameters()},
         "batch_dtypes": model.batch_dtypes,
@@ -124,7 +133,12 @@ def ddp_and_fsdp() -> list[dict[str, Any]]:
 @pytest.mark.parametrize("precision", TRUE_MODES)
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_ranks(ddp_and_fsdp: list[dict[str, Any]], strategy: str, precision: str) -> None:
-    _check_ranks([result[strategy, precision] for result in ddp_and_fsdp], precision)
+    results = [result[strategy, precision] for result in ddp_and_fsdp]
+    _check_ranks(results, precision)
+    if strategy == "ddp":
+        # The step decision's slots take the parameters' dtype, so they ride in the one
+        # gradient bucket (DDP buckets per dtype) instead of an all-reduce of their own.
+        assert [result["ddp_buckets"] for result in results] == [1, 1]
 
 
 def _deepspeed(rank: int, world_size: int) -> dict[str, Any]:

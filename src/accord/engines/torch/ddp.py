@@ -103,6 +103,8 @@ class DDPStrategy(ParallelStrategy):
         self.ddp_kwargs = {"find_unused_parameters": find_unused_parameters, **ddp_kwargs}
         # Depth of `no_backward_sync` contexts entered for a manual backward.
         self._manual_sync_blocked = 0
+        # The step-decision parameter of the module last wrapped (found on first use).
+        self._slots: _DecisionSlots | None = None
 
     @override
     def default_collective(self) -> Collective:
@@ -110,7 +112,13 @@ class DDPStrategy(ParallelStrategy):
         return TorchCollective(backend, timeout=self.timeout)
 
     @override
+    def teardown(self) -> None:
+        self._slots = None
+        super().teardown()
+
+    @override
     def setup_module(self, module: nn.Module) -> nn.Module:
+        self._slots = None
         module = super().setup_module(module)
         if not dist.is_available() or not dist.is_initialized():
             raise ConfigurationError(
@@ -124,8 +132,11 @@ class DDPStrategy(ParallelStrategy):
             kwargs["find_unused_parameters"] = self.run_settings.manual_optimization
         step_module = StepModule(module)
         if self._can_carry_decision(kwargs):
-            # One slot per rank; DDP averages its gradient along with the others.
-            slots = torch.zeros(self.world_size, device=self.root_device)
+            # One slot per rank; DDP averages its gradient along with the others. DDP
+            # buckets gradients per dtype: slots of the parameters' dtype share their
+            # bucket instead of costing an all-reduce of their own.
+            dtype = _slot_dtype(module, self.world_size)
+            slots = torch.zeros(self.world_size, dtype=dtype, device=self.root_device)
             step_module.register_parameter(_DECISION_SLOTS, nn.Parameter(slots))
         wrapped = DistributedDataParallel(
             step_module,
@@ -205,10 +216,10 @@ class DDPStrategy(ParallelStrategy):
     ) -> torch.Tensor:
         # The parameter stays zero, so the term adds nothing to the loss's value; its
         # gradient is ``bits`` in this rank's slot and zero in the others.
-        own_slot = self._decision_slots(module)[self.global_rank]
-        term = own_slot * (bits if isinstance(bits, int) else bits.to(own_slot.dtype))
+        slots = self._decision_slots(module)
+        term = torch.dot(slots.param, slots.weights(bits))
         if loss is not None:
-            return loss + term.to(loss.dtype)
+            return loss + (term if term.dtype == loss.dtype else term.to(loss.dtype))
         # A skipped batch: zero gradients for every parameter, so this rank's reduction
         # meets the other ranks'.
         inner = self.unwrap(module)
@@ -217,19 +228,14 @@ class DDPStrategy(ParallelStrategy):
 
     @override
     def read_step_decision(self, module: nn.Module) -> list[int]:
-        grad = self._decision_slots(module).grad
-        if grad is None:
-            raise RuntimeError("read_step_decision before a backward of step_decision_term.")
-        # DDP averaged the slots: each holds one rank's bits over the world size.
-        world_size = self.world_size
-        flags = [round(v * world_size) for v in grad.tolist()]
-        grad.zero_()
-        return flags
+        return self._decision_slots(module).read()
 
-    @staticmethod
-    def _decision_slots(module: nn.Module) -> nn.Parameter:
-        assert isinstance(module, DistributedDataParallel)
-        slots: nn.Parameter = getattr(module.module, _DECISION_SLOTS)
+    def _decision_slots(self, module: nn.Module) -> _DecisionSlots:
+        slots = self._slots
+        if slots is None or slots.owner is not module:
+            assert isinstance(module, DistributedDataParallel)
+            param: nn.Parameter = getattr(module.module, _DECISION_SLOTS)
+            slots = self._slots = _DecisionSlots(module, param, self.global_rank)
         return slots
 
     @override
@@ -293,3 +299,54 @@ def _ddp_gradient_bucket_hook(
 _ddp_gradient_bucket_hook.__annotations__.update(
     {"bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}  # type: ignore[attr-defined]
 )
+
+
+def _slot_dtype(module: nn.Module, world_size: int) -> torch.dtype:
+    """The dtype of ``module``'s first trainable floating-point parameter (float32 if it has
+    none): it holds a rank's bits (at most 7) over the world size closely enough to round
+    back, except float16 beyond 4096 ranks, where the quotient leaves its normal range."""
+    for param in module.parameters():
+        if param.requires_grad and param.is_floating_point():
+            if param.dtype == torch.float16 and world_size > 4096:
+                break
+            return param.dtype
+    return torch.float32
+
+
+class _DecisionSlots:
+    """The parameter whose averaged gradient carries the step decision (one slot per rank)
+    of the DDP module ``owner``, with the weights that put a rank's bits in its own slot:
+    the loop's term is ``dot(param, weights(bits))``, one autograd node."""
+
+    __slots__ = ("_weights", "owner", "param", "rank")
+
+    def __init__(self, owner: nn.Module, param: nn.Parameter, rank: int) -> None:
+        self.owner = owner
+        self.param = param
+        self.rank = rank
+        # Per value of integer bits (at most 8 values): built once, never written to.
+        self._weights: dict[int, torch.Tensor] = {}
+
+    def weights(self, bits: int | torch.Tensor) -> torch.Tensor:
+        """A constant vector: ``bits`` at this rank's slot, zero elsewhere."""
+        if not isinstance(bits, int):
+            return self.weights(1) * bits.to(self.param.dtype)
+        weights = self._weights.get(bits)
+        if weights is None:
+            weights = torch.zeros_like(self.param, requires_grad=False)
+            weights[self.rank] = bits
+            self._weights[bits] = weights
+        return weights
+
+    def read(self) -> list[int]:
+        """Every rank's bits from the averaged gradient; the slots are zero again after."""
+        grad = self.param.grad
+        if grad is None:
+            raise RuntimeError("read_step_decision before a backward of step_decision_term.")
+        values = grad.tolist()
+        world_size = len(values)
+        if not any(values):
+            return [0] * world_size  # nearly every step: nothing to clear
+        grad.zero_()
+        # DDP averaged the slots: each holds one rank's bits over the world size.
+        return [round(v * world_size) for v in values]
