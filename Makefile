@@ -82,13 +82,21 @@ clean-horovod:
 XLA_VENV := .venv-xla
 XLA_BIN := $(XLA_VENV)/bin
 XLA_PINS := 'torch==2.9.0' 'torch-xla==2.9.0'
+# The venv ends at about 7 GB, and pip holds its downloads (about 4 GB more) until the
+# install is over: 11 GB at the peak, measured. `make xla-disk` says whether there is room.
+XLA_DISK_GB := 12
 
-.PHONY: test-xla clean-xla
+.PHONY: test-xla clean-xla xla-disk
+
+xla-disk:
+	@scripts/check_disk.sh $(XLA_DISK_GB) "the XLA lane's install ($(XLA_VENV) and pip's downloads)" \
+		$(CURDIR) "$${TMPDIR:-/tmp}"
 
 $(XLA_BIN)/python:
 	$(PYTHON) -m venv $(XLA_VENV)
 
 $(XLA_VENV)/.installed: pyproject.toml Makefile | $(XLA_BIN)/python
+	@$(MAKE) --no-print-directory xla-disk
 	$(XLA_BIN)/pip install -q --disable-pip-version-check $(XLA_PINS) 'pytest>=8' \
 		'pytest-timeout>=2.2' 'lightning-utilities>=0.10' 'typing-extensions>=4.7' 'tqdm>=4.60'
 	$(XLA_BIN)/pip install -q --disable-pip-version-check --no-deps -e .
