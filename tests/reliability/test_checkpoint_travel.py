@@ -11,7 +11,6 @@ is expected, a model that does not match, and a newer checkpoint format.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +34,6 @@ from accord.testing import run_distributed
 # DDP and FSDP run the same float32 arithmetic up to the order of a few sums (~1e-9 apart
 # here); a lost Adam moment or a scheduler that restarted moves the weights by 1e-3 or more.
 RTOL, ATOL = 1e-5, 1e-5
-
-_rendezvous = {"base": 0, "count": 0}
 
 
 class AdamMLP(accord.Module):
@@ -63,16 +60,6 @@ class AdamMLP(accord.Module):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler}}
 
 
-def _next_rendezvous() -> None:
-    # Each fit inside one run_distributed call gets its own port (see test_deepspeed.py).
-    if "MASTER_PORT" not in os.environ:
-        return
-    if not _rendezvous["base"]:
-        _rendezvous["base"] = int(os.environ["MASTER_PORT"])
-    _rendezvous["count"] += 1
-    os.environ["MASTER_PORT"] = str(_rendezvous["base"] + _rendezvous["count"])
-
-
 def _fit(
     strategy: accord.strategies.Strategy | str,
     epochs: int,
@@ -84,7 +71,6 @@ def _fit(
 ) -> dict[str, torch.Tensor]:
     """Fit ``epochs`` epochs of 4 global batches of 32; the weights afterwards (none when
     FSDP sharded them: its process group is gone once the fit ends)."""
-    _next_rendezvous()
     callbacks = [accord.callbacks.ModelCheckpoint(dirpath=save_to, save_last=True)]
     trainer = accord.Trainer(
         strategy=strategy,

@@ -18,7 +18,6 @@ exactly once.
 from __future__ import annotations
 
 import itertools
-import os
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -48,8 +47,6 @@ RESUMED = (
     ("fsdp", 2),
     ("deepspeed_stage_2", 2),
 )
-
-_rendezvous = {"base": 0, "count": 0}
 
 
 class Recorder(accord.Module):
@@ -103,16 +100,6 @@ def _data(samples: int = SAMPLES) -> TensorDataset:
     return TensorDataset(x, y, torch.arange(samples))
 
 
-def _next_rendezvous() -> None:
-    # Each fit inside one run_distributed call gets its own port (see test_deepspeed.py).
-    if "MASTER_PORT" not in os.environ:
-        return
-    if not _rendezvous["base"]:
-        _rendezvous["base"] = int(os.environ["MASTER_PORT"])
-    _rendezvous["count"] += 1
-    os.environ["MASTER_PORT"] = str(_rendezvous["base"] + _rendezvous["count"])
-
-
 def _strategy(name: str) -> accord.strategies.Strategy | str:
     if name == "fsdp":
         return FSDPStrategy(auto_wrap_policy={nn.Linear}, state_dict_type="sharded")
@@ -131,7 +118,6 @@ def _fit(
     """Fit under strategy ``name`` on ``devices`` ranks with the global batch of 24; save at
     ``save_step`` (and stop there) or at the end. Returns the (epoch, sample) pairs this
     rank trained on."""
-    _next_rendezvous()
     trainer = accord.Trainer(
         strategy=_strategy(name),
         devices=devices,

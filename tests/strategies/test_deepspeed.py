@@ -52,25 +52,12 @@ def deepspeed() -> Any:
     )
 
 
-_rendezvous = {"base": 0, "count": 0}
-
-
-def _next_rendezvous() -> None:
-    """Give the next process group of this rank pair its own port.
-
-    A group re-created in the same processes on the port of a destroyed one can hang in
-    gloo's connect, so each fit inside one `run_distributed` call moves to the next port
-    (every rank computes the same one).
-    """
-    if not _rendezvous["base"]:
-        _rendezvous["base"] = int(os.environ["MASTER_PORT"])
-    _rendezvous["count"] += 1
-    os.environ["MASTER_PORT"] = str(_rendezvous["base"] + _rendezvous["count"])
-
-
 def _trainer(strategy: str | accord.strategies.Strategy, **kwargs: Any) -> accord.Trainer:
-    """A two-rank CPU Trainer on a fresh rendezvous port, without logs or progress bar."""
-    _next_rendezvous()
+    """A two-rank CPU Trainer without logs or progress bar.
+
+    Every fit of one `run_distributed` call meets on that call's port: the process keeps
+    one rendezvous store per port, and each new group gets a prefix of its own on it.
+    """
     settings: dict[str, Any] = {
         "devices": 2,
         "accelerator": "cpu",
@@ -537,7 +524,6 @@ def _helpers() -> dict[str, Any]:
         ("ddp", DDPStrategy(process_group_backend="gloo")),
         ("deepspeed", DeepSpeedStrategy()),
     ):
-        _next_rendezvous()
         accord.Trainer(strategy=strategy, devices=2, accelerator="cpu", logger=False)
         strategy.setup_environment()
         try:
