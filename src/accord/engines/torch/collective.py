@@ -279,9 +279,8 @@ class TorchCollective(ProcessGroupCollective):
     def _all_reduce_(self, buffer: torch.Tensor, op: ReduceOp) -> None:
         group = self._direct_group(buffer)
         if group is not None:
-            options = self._reduce_options.get(op) or self._new_reduce_options(op)
             try:  # what `with self._op(...)` does, without entering a context per call
-                group.allreduce([self._lend(buffer)], options).wait()
+                self._start_direct_all_reduce(group, buffer, op).wait()
             except RuntimeError as err:
                 self._op("all_reduce").raise_timeout(err)
                 raise
@@ -308,12 +307,17 @@ class TorchCollective(ProcessGroupCollective):
             return None
         return group
 
-    def _new_reduce_options(self, op: ReduceOp) -> Any:
-        import torch.distributed as dist
+    def _start_direct_all_reduce(
+        self, group: ProcessGroup, buffer: torch.Tensor, op: ReduceOp
+    ) -> Any:
+        """Start an all-reduce of ``buffer`` on ``group`` (from `_direct_group`); its work."""
+        options = self._reduce_options.get(op)
+        if options is None:
+            import torch.distributed as dist
 
-        options = self._reduce_options[op] = dist.AllreduceOptions()
-        options.reduceOp = _torch_op(op)
-        return options
+            options = self._reduce_options[op] = dist.AllreduceOptions()
+            options.reduceOp = _torch_op(op)
+        return group.allreduce([self._lend(buffer)], options)
 
     @override
     def _all_reduce_async_(
@@ -322,8 +326,7 @@ class TorchCollective(ProcessGroupCollective):
         # A backend timeout shows when the work completes: the handle translates it (`_op`).
         group = self._direct_group(buffer)
         if group is not None:
-            options = self._reduce_options.get(op) or self._new_reduce_options(op)
-            work = group.allreduce([self._lend(buffer)], options)
+            work = self._start_direct_all_reduce(group, buffer, op)
         else:
             import torch.distributed as dist
 
