@@ -104,7 +104,7 @@ def load_module(
     cls: type[ModuleT],
     checkpoint_path: str | Path,
     map_location: str | torch.device | None,
-    strict: bool,
+    strict: bool | None,
     weights_only: bool,
     overrides: dict[str, Any],
 ) -> ModuleT:
@@ -130,7 +130,9 @@ def load_module(
             "as keyword arguments to load_from_checkpoint."
         ) from err
     try:
-        model.load_state_dict(checkpoint["state_dict"], strict=strict)
+        model.load_state_dict(
+            checkpoint["state_dict"], strict=model.strict_loading if strict is None else strict
+        )
     except RuntimeError as err:
         raise CheckpointError(
             f"{str(checkpoint_path)!r} does not fit {cls.__name__}"

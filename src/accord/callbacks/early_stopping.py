@@ -81,7 +81,11 @@ class EarlyStopping(Callback):
 
     @override
     def on_validation_end(self, trainer: Trainer, module: Module) -> None:
-        if trainer.stage == "fit" and not self._check_on_train_end(trainer):
+        if (
+            trainer.stage == "fit"
+            and not trainer.sanity_checking
+            and not self._check_on_train_end(trainer)
+        ):
             self._check(trainer)
 
     @override

@@ -172,7 +172,11 @@ class ModelCheckpoint(Callback):
 
     @override
     def on_validation_end(self, trainer: Trainer, module: Module) -> None:
-        if trainer.stage == "fit" and not self._on_train_end_of_epoch(trainer):
+        if (
+            trainer.stage == "fit"
+            and not trainer.sanity_checking
+            and not self._on_train_end_of_epoch(trainer)
+        ):
             self._maybe_save_epoch(trainer)
 
     @override

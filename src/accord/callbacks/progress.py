@@ -33,13 +33,13 @@ class ProgressBar(Callback):
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_bar": None}
 
-    def _open(self, trainer: Trainer, total: int | None, desc: str) -> None:
+    def _open(self, trainer: Trainer, total: int | float | None, desc: str) -> None:
         from tqdm import tqdm
 
         self._close()
         if trainer.is_global_zero:
             self._bar = tqdm(
-                total=total,
+                total=total if total is not None and total < 2**62 else None,
                 desc=desc,
                 file=sys.stderr,
                 dynamic_ncols=True,
@@ -91,7 +91,13 @@ class ProgressBar(Callback):
 
     @override
     def on_validation_batch_end(
-        self, trainer: Trainer, module: Module, outputs: Any, batch: Any, batch_idx: int
+        self,
+        trainer: Trainer,
+        module: Module,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None:
         if trainer.stage != "fit":
             self._advance(trainer, batch_idx)
@@ -106,13 +112,25 @@ class ProgressBar(Callback):
 
     @override
     def on_test_batch_end(
-        self, trainer: Trainer, module: Module, outputs: Any, batch: Any, batch_idx: int
+        self,
+        trainer: Trainer,
+        module: Module,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None:
         self._advance(trainer, batch_idx)
 
     @override
     def on_predict_batch_end(
-        self, trainer: Trainer, module: Module, outputs: Any, batch: Any, batch_idx: int
+        self,
+        trainer: Trainer,
+        module: Module,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None:
         self._advance(trainer, batch_idx)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Literal, get_args
 
 import torch
@@ -154,6 +155,14 @@ class ParallelStrategy(Strategy):
     def teardown(self) -> None:
         self._fixed_root_device = None
         super().teardown()
+
+    @override
+    def evaluation_context(self, inference_mode: bool) -> contextlib.AbstractContextManager[Any]:
+        """`torch.no_grad` on a gloo process group, whose collectives do not run on
+        inference tensors; else as `Strategy.evaluation_context`."""
+        if getattr(self.base_collective, "backend", None) == "gloo":
+            return torch.no_grad()
+        return super().evaluation_context(inference_mode)
 
     @override
     def collective_setup_kwargs(self) -> dict[str, Any]:

@@ -9,7 +9,9 @@ communication helper below — `reduce`, `broadcast`, uneven `all_gather`,
 from __future__ import annotations
 
 import contextlib
+import functools
 from abc import abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -18,10 +20,12 @@ from torch import nn
 
 from accord.accelerators.accelerator import Accelerator
 from accord.accelerators.cpu import CPUAccelerator
+from accord.core.autograd import all_gather_with_grad
 from accord.core.buffers import all_gather_uneven, move_to_device
 from accord.core.checkpointing import StrategyCheckpointing
 from accord.core.collective import Collective, ReduceOpLike
 from accord.core.run_settings import RunSettings
+from accord.core.sync_batchnorm import convert_sync_batchnorm
 from accord.core.wrappers.policy import wrap_collective
 from accord.core.wrappers.stats import CollectiveStats, InstrumentedCollective
 from accord.core.wrappers.wrapper import unwrap
@@ -234,7 +238,11 @@ class Strategy(StrategyCheckpointing):
         """
 
     def setup_module(self, module: nn.Module) -> nn.Module:
-        """Move ``module`` to the device and wrap it as the strategy needs."""
+        """Move ``module`` to the device and wrap it as the strategy needs; with
+        ``sync_batchnorm`` in the run's settings, its BatchNorm layers compute their
+        statistics over all ranks first (`accord.core.sync_batchnorm`)."""
+        if self.run_settings.sync_batchnorm:
+            module = convert_sync_batchnorm(module, self.collective)
         return self.precision.convert_module(module.to(self.root_device))
 
     def setup_optimizers(
@@ -264,12 +272,32 @@ class Strategy(StrategyCheckpointing):
         # runs on the device, instead of a synchronous copy of a fresh unpinned CPU tensor.
         return self.precision.convert_input(move_to_device(batch, self.root_device))
 
-    def on_train_batch_start(self, batch_idx: int, last: bool) -> None:
-        """The Trainer starts training batch ``batch_idx``; ``last``: the epoch's last one."""
+    def batch_mover(self) -> Callable[[Any], Any]:
+        """What the loop calls on each batch: `batch_to_device`, or, where it would only
+        move tensors (no dtype to cast to, not overridden), `move_to_device` to
+        `root_device` directly. Resolved once per epoch."""
+        if type(self).batch_to_device is Strategy.batch_to_device and (
+            self.precision.input_dtype is None
+        ):
+            return functools.partial(move_to_device, device=self.root_device)
+        return self.batch_to_device
+
+    def on_train_batch_start(self, batch_idx: int, last: bool, window_ends: bool = True) -> None:
+        """The Trainer starts training batch ``batch_idx``; ``last``: the epoch's last one;
+        ``window_ends``: its backward ends an accumulation window (an optimizer step
+        follows). Engines that count the window themselves (DeepSpeed, Horovod) note it."""
 
     def forward_context(self) -> contextlib.AbstractContextManager[Any]:
         """Context for forward passes (autocast for mixed precision)."""
         return self.precision.forward_context()
+
+    def step_function(self, model: nn.Module, name: str) -> Callable[..., Any]:
+        """`step` with ``model`` and ``name`` bound, resolved once per epoch: the user's
+        method itself where this strategy's `step` is the default."""
+        if type(self).step is Strategy.step:
+            method: Callable[..., Any] = getattr(self.unwrap(model), name)
+            return method
+        return functools.partial(self.step, model, name)
 
     def step(self, model: nn.Module, name: str, *args: Any) -> Any:
         """Run the user's step hook ``name`` (``"training_step"``, ...) through ``model``.
@@ -279,9 +307,15 @@ class Strategy(StrategyCheckpointing):
         """
         return getattr(self.unwrap(model), name)(*args)
 
-    def backward(self, loss: torch.Tensor, module: nn.Module) -> None:
-        """Backpropagate ``loss``."""
-        self.precision.backward(loss)
+    def backward(
+        self,
+        loss: torch.Tensor,
+        module: nn.Module,
+        backward_fn: Callable[[torch.Tensor], None] | None = None,
+    ) -> None:
+        """Backpropagate ``loss``; ``backward_fn`` (a module's ``backward`` override) runs
+        the backward of the loss as the precision scaled it."""
+        self.precision.backward(loss, backward_fn)
 
     def carries_step_decision(self, module: nn.Module) -> bool:
         """Whether the gradient synchronisation of ``module``'s backward carries the loop's
@@ -315,7 +349,7 @@ class Strategy(StrategyCheckpointing):
 
         Under manual optimization the forward and the backward both run inside
         ``training_step``; there the context may be entered around the backward alone
-        (`ManualOptimizer.toggle_model` with ``sync_grad=False``).
+        (`StrategyOptimizer.toggle_model` with ``sync_grad=False``).
         """
         return _NO_CONTEXT
 
@@ -326,9 +360,34 @@ class Strategy(StrategyCheckpointing):
         self.precision.unscale_gradients(optimizer)
         return torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm)
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, module: nn.Module) -> None:
-        """Apply one optimizer step."""
-        self.precision.optimizer_step(optimizer)
+    def clip_gradients_value(
+        self, module: nn.Module, optimizer: torch.optim.Optimizer, clip_value: float
+    ) -> None:
+        """Clamp each gradient element of ``module`` to ``[-clip_value, clip_value]``
+        (``gradient_clip_algorithm="value"``)."""
+        self.precision.unscale_gradients(optimizer)
+        torch.nn.utils.clip_grad_value_(module.parameters(), clip_value)
+
+    def optimizer_step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        module: nn.Module,
+        closure: Callable[[], Any] | None = None,
+    ) -> None:
+        """Apply one optimizer step. ``closure`` is given only for an optimizer whose
+        ``step`` needs one (``torch.optim.LBFGS``), which calls it as often as it needs."""
+        self.precision.optimizer_step(optimizer, closure)
+
+    def refused_module_hooks(self) -> dict[str, str]:
+        """The `Module` hooks this strategy cannot honour when a module overrides them,
+        each with the reason; the Trainer refuses such a module when a run starts."""
+        return {}
+
+    def evaluation_context(self, inference_mode: bool) -> contextlib.AbstractContextManager[Any]:
+        """The autograd context evaluation runs in: `torch.inference_mode` when asked for,
+        else `torch.no_grad`. Strategies whose backend cannot run in inference mode
+        (gloo's collectives, FSDP, XLA) return `torch.no_grad` always."""
+        return torch.inference_mode() if inference_mode else torch.no_grad()
 
     def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         """Divide a loss scaler's factor out of ``optimizer``'s gradients (if one is used)."""
@@ -370,16 +429,30 @@ class Strategy(StrategyCheckpointing):
             return self.collective.broadcast(obj, src)  # type: ignore[return-value]
         return self.collective.broadcast_object(obj, src)  # type: ignore[no-any-return]
 
-    def all_gather(self, tensor: torch.Tensor, *, even: bool = False) -> torch.Tensor:
+    def all_gather(
+        self, tensor: torch.Tensor, *, even: bool = False, sync_grads: bool = False
+    ) -> torch.Tensor:
         """Concatenate every rank's ``tensor`` along dim 0, in rank order.
 
         First dimensions may differ between ranks (the tensors are padded to the longest,
         gathered, and trimmed); the other dimensions and the dtype must agree. A 0-d
         tensor counts as one element, so scalars gather to shape ``[world_size]``. Pass
         ``even=True`` when every rank's shape is known to be the same: it skips the
-        exchange of lengths, so the gather is a single collective call.
+        exchange of lengths, so the gather is a single collective call. With
+        ``sync_grads`` (``even`` only) the result carries gradients back to each rank's
+        ``tensor``.
+
+        Raises:
+            ConfigurationError: ``sync_grads`` without ``even``.
         """
-        return all_gather_uneven(self.collective.all_gather, tensor, even=even)
+        if not sync_grads:
+            return all_gather_uneven(self.collective.all_gather, tensor, even=even)
+        if not even:
+            raise ConfigurationError(
+                "all_gather(sync_grads=True) needs tensors of one shape on every rank (even=True)."
+            )
+        stacked = all_gather_with_grad(self.collective, tensor.reshape(tensor.shape or (1,)))
+        return stacked.reshape(-1, *stacked.shape[2:])
 
     def gather_collective_stats(self) -> list[dict[str, dict[str, float]]]:
         """Every rank's `collective_stats` summary, in rank order (every rank must call it).

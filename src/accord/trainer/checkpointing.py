@@ -18,7 +18,7 @@ from accord.callbacks.model_checkpoint import ModelCheckpoint
 from accord.checkpoint_io import CHECKPOINT_FORMAT_VERSION
 from accord.errors import CheckpointError
 from accord.trainer.data import epoch_order, resume_loader, samples_per_batch
-from accord.trainer.optimizers import step_schedulers
+from accord.trainer.optimizers import due_schedulers, step_schedulers
 from accord.trainer.state import RunState
 
 if TYPE_CHECKING:
@@ -28,6 +28,7 @@ __all__ = [
     "CHECKPOINT_VERSION",
     "checkpoint_state",
     "epoch_batches",
+    "weights_only_state",
     "resolve_ckpt_path",
     "restore",
 ]
@@ -56,9 +57,10 @@ def checkpoint_state(trainer: Trainer, state: RunState) -> dict[str, Any]:
         "samples_consumed": consumed,
         "data_order": state.epoch_order,
         "epoch_finished": epoch_finished,
-        # Saved after the epoch's last batch but before its schedulers stepped (a save
-        # after validation): the resume steps them, with the values they monitor now.
-        "epoch_schedulers_pending": epoch_finished and not state.epoch_schedulers_stepped,
+        # Saved after the epoch's last batch but before some of its epoch schedulers
+        # stepped (the monitored ones step after on_train_epoch_end): the resume steps
+        # them, with the values they monitor now.
+        "epoch_schedulers_pending": _pending_schedulers(trainer, state) if epoch_finished else [],
         "scheduler_monitors": {
             name: float(value)
             for name, value in trainer.callback_metrics.items()
@@ -75,6 +77,37 @@ def checkpoint_state(trainer: Trainer, state: RunState) -> dict[str, Any]:
         "datamodule": trainer.datamodule.state_dict() if trainer.datamodule is not None else {},
         "rng_epoch_start": state.rng_epoch_start,
         "rng": torch.get_rng_state(),
+    }
+
+
+def _pending_schedulers(trainer: Trainer, state: RunState) -> list[int]:
+    """The indices of the epoch-interval schedulers due at this epoch's end that have not
+    stepped yet."""
+    due = due_schedulers(state.schedulers, "epoch", trainer.current_epoch + 1, None)
+    return [
+        index
+        for index, config in enumerate(state.schedulers)
+        if config in due and id(config) not in state.epoch_schedulers_stepped
+    ]
+
+
+def weights_only_state(trainer: Trainer, state: RunState) -> dict[str, Any]:
+    """A checkpoint of the weights alone (``save_checkpoint(weights_only=True)``): what
+    `Module.load_from_checkpoint` needs, not enough to resume a fit."""
+    strategy = trainer.strategy
+    assert state.wrapped is not None
+    return {
+        "accord_checkpoint_version": CHECKPOINT_VERSION,
+        "weights_only": True,
+        "strategy": type(strategy).__name__,
+        "world_size": strategy.world_size,
+        "sharded": False,
+        "epoch": trainer.current_epoch,
+        "global_step": trainer.global_step,
+        "state_dict": strategy.module_state_dict(state.wrapped),
+        "hyper_parameters": (
+            state.module.hparams_for_checkpoint() if state.module is not None else {}
+        ),
     }
 
 
@@ -149,12 +182,14 @@ def _best(trainer: Trainer) -> Path:
 def restore(trainer: Trainer, state: RunState, ckpt_path: str | Path, stage: str) -> None:
     """Load the checkpoint at ``ckpt_path`` into the run being set up.
 
-    Outside ``fit`` only the module's weights (and its ``on_load_checkpoint``) are
-    restored; a fit also gets the optimizers, schedulers, precision, callbacks and the
-    loop's position back.
+    In Lightning's order: the module's ``on_load_checkpoint`` (it may change the checkpoint
+    first), its weights (``strict`` as the module's ``strict_loading``), the callbacks'
+    ``on_load_checkpoint``. Outside ``fit`` that is all; a fit also gets the optimizers,
+    schedulers, precision, callback states and the loop's position back.
 
     Raises:
-        CheckpointError: not an accord checkpoint, or one that does not fit this run.
+        CheckpointError: not an accord checkpoint, one that does not fit this run, or a
+            weights-only checkpoint given to ``fit``.
     """
     model, wrapped, strategy = state.module, state.wrapped, trainer.strategy
     assert model is not None and wrapped is not None
@@ -162,16 +197,35 @@ def restore(trainer: Trainer, state: RunState, ckpt_path: str | Path, stage: str
     checkpoint = strategy.load_checkpoint(path)
     if "state_dict" not in checkpoint:
         raise CheckpointError(f"{str(path)!r} is not an accord checkpoint (no 'state_dict').")
+    if stage == "fit" and checkpoint.get("weights_only"):
+        raise CheckpointError(
+            f"{str(path)!r} holds the weights only (saved with weights_only=True or "
+            "ModelCheckpoint(save_weights_only=True)), not the training state fit() resumes "
+            "from. Load it with Module.load_from_checkpoint and start a new fit, or resume "
+            "from a full checkpoint."
+        )
+    state.ckpt_path = str(path)
+    model.on_load_checkpoint(checkpoint)
     try:
-        strategy.load_module_state_dict(wrapped, checkpoint["state_dict"])
+        strategy.load_module_state_dict(wrapped, checkpoint["state_dict"], model.strict_loading)
     except RuntimeError as err:
         raise CheckpointError(
             f"{str(path)!r} does not fit {type(model).__name__}: it was saved from a "
             f"different model or configuration.\n{err}"
         ) from err
-    model.on_load_checkpoint(checkpoint)
-    if stage != "fit":
-        return
+    hooks = state.hooks
+    if hooks is not None:
+        for hook in hooks.callback_hooks("on_load_checkpoint"):
+            hook(checkpoint)
+    if stage == "fit":
+        _restore_training(trainer, state, checkpoint, path)
+
+
+def _restore_training(
+    trainer: Trainer, state: RunState, checkpoint: dict[str, Any], path: Path
+) -> None:
+    """The optimizers, schedulers, precision, callbacks, datamodule and position."""
+    strategy = trainer.strategy
     states = checkpoint.get("optimizer_states", [])
     if len(states) != len(state.optimizers):
         # A reader that could not bring the optimizer state along says why and what to do.
@@ -188,12 +242,16 @@ def restore(trainer: Trainer, state: RunState, ckpt_path: str | Path, stage: str
     ):
         config.scheduler.load_state_dict(scheduler_state)
     finished = bool(checkpoint.get("epoch_finished", True))
-    if finished and checkpoint.get("epoch_schedulers_pending", False):
+    pending = checkpoint.get("epoch_schedulers_pending", [])
+    if finished and pending:
+        # An older checkpoint says True: every epoch scheduler was still to step.
+        chosen = (
+            state.schedulers
+            if pending is True
+            else [state.schedulers[i] for i in pending if i < len(state.schedulers)]
+        )
         step_schedulers(
-            state.schedulers,
-            "epoch",
-            int(checkpoint["epoch"]) + 1,
-            checkpoint.get("scheduler_monitors", {}),
+            chosen, "epoch", int(checkpoint["epoch"]) + 1, checkpoint.get("scheduler_monitors", {})
         )
     strategy.load_precision_state_dict(checkpoint.get("precision", {}))
     for cb in trainer.callbacks:

@@ -107,6 +107,11 @@ class SignalFlag:
         self.received: signal.Signals | None = None
         self._previous: dict[signal.Signals, Any] = {}
 
+    @property
+    def received_sigterm(self) -> bool:
+        """Whether the signal received is SIGTERM (`Trainer.received_sigterm`)."""
+        return self.received is signal.SIGTERM
+
     def install(self) -> bool:
         """Catch the signals from now on; whether the handlers were installed."""
         if not self.signals or threading.current_thread() is not threading.main_thread():

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -34,6 +35,7 @@ from typing_extensions import override
 from accord.accelerators.accelerator import Accelerator
 from accord.core.collective import Collective
 from accord.core.parallel import StartMethod
+from accord.core.run_settings import RunSettings
 from accord.core.step_module import StepModule
 from accord.engines.deepspeed import zero3
 from accord.engines.deepspeed.checkpoint import consolidate_deepspeed_checkpoint
@@ -230,6 +232,12 @@ class DeepSpeedStrategy(DeepSpeedCheckpoints):
         return self._ensure_engine()(name, *args)
 
     @override
+    def on_train_batch_start(self, batch_idx: int, last: bool, window_ends: bool = True) -> None:
+        """Tell the engine whether this batch ends an accumulation window."""
+        if self._engine is not None and self._trains:
+            self._engine.set_gradient_accumulation_boundary(window_ends)
+
+    @override
     def no_backward_sync(
         self, module: nn.Module, enabled: bool
     ) -> contextlib.AbstractContextManager[Any]:
@@ -239,7 +247,32 @@ class DeepSpeedStrategy(DeepSpeedCheckpoints):
         return contextlib.nullcontext()
 
     @override
-    def backward(self, loss: torch.Tensor, module: nn.Module) -> None:
+    def refused_module_hooks(self) -> dict[str, str]:
+        """The DeepSpeed engine runs backward, clipping and zeroing itself."""
+        return {
+            "backward": "DeepSpeed's engine runs the backward pass itself (engine.backward, "
+            "with its loss scaling and partitioned gradients).",
+            "optimizer_zero_grad": "DeepSpeed's engine clears the gradients inside engine.step().",
+            "configure_gradient_clipping": "DeepSpeed's engine clips inside engine.step(), to "
+            "the gradient_clipping of its config: set Trainer(gradient_clip_val=...) instead.",
+        }
+
+    @override
+    def configure_run(self, settings: RunSettings) -> None:
+        if settings.gradient_clip_val is not None and settings.gradient_clip_algorithm != "norm":
+            raise ConfigurationError(
+                "DeepSpeedStrategy clips gradients by norm only (inside engine.step()); "
+                "gradient_clip_algorithm='value' cannot run on it. Use 'norm', or ddp/fsdp."
+            )
+        super().configure_run(settings)
+
+    @override
+    def backward(
+        self,
+        loss: torch.Tensor,
+        module: nn.Module,
+        backward_fn: Callable[[torch.Tensor], None] | None = None,
+    ) -> None:
         """``engine.backward``; the Trainer already divided the loss for accumulation."""
         self._require_training("backward")
         self._engine.backward(loss, scale_wrt_gas=False)
@@ -265,9 +298,38 @@ class DeepSpeedStrategy(DeepSpeedCheckpoints):
         return torch.tensor(float("nan"))
 
     @override
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, module: nn.Module) -> None:
-        """``engine.step()``: reduce the window's gradients, clip, step, zero the gradients."""
+    def clip_gradients_value(
+        self, module: nn.Module, optimizer: torch.optim.Optimizer, clip_value: float
+    ) -> None:
+        """Refused: the engine clips by norm only.
+
+        Raises:
+            ConfigurationError: always.
+        """
+        raise ConfigurationError(
+            "DeepSpeedStrategy cannot clip gradients by value: its engine clips by norm, "
+            "inside engine.step(). Use gradient_clip_algorithm='norm'."
+        )
+
+    @override
+    def optimizer_step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        module: nn.Module,
+        closure: Callable[[], Any] | None = None,
+    ) -> None:
+        """``engine.step()``: reduce the window's gradients, clip, step, zero the gradients.
+
+        Raises:
+            ConfigurationError: an optimizer that needs a closure (the engine steps
+                without one).
+        """
         self._require_training("optimizer_step")
+        if closure is not None:
+            raise ConfigurationError(
+                f"{type(optimizer).__name__} needs a closure in step(), which DeepSpeed's "
+                "engine.step() cannot pass; use an optimizer without one (SGD, Adam, ...)."
+            )
         self._engine.step()
 
     @override

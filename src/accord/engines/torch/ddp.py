@@ -11,7 +11,8 @@ the debug check fingerprints the gradient traffic along with the user's collecti
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -178,7 +179,12 @@ class DDPStrategy(ParallelStrategy):
         return output
 
     @override
-    def backward(self, loss: torch.Tensor, module: nn.Module) -> None:
+    def backward(
+        self,
+        loss: torch.Tensor,
+        module: nn.Module,
+        backward_fn: Callable[[torch.Tensor], None] | None = None,
+    ) -> None:
         if (
             self.run_settings.manual_optimization
             and isinstance(module, DistributedDataParallel)
@@ -186,7 +192,7 @@ class DDPStrategy(ParallelStrategy):
             and torch.is_grad_enabled()
         ):
             _prepare_manual_backward(module, loss)
-        super().backward(loss, module)
+        super().backward(loss, module, backward_fn)
 
     def _can_carry_decision(self, ddp_kwargs: dict[str, Any]) -> bool:
         """Whether DDP's gradient reduction can carry the step decision: every backward
@@ -215,9 +221,13 @@ class DDPStrategy(ParallelStrategy):
         self, module: nn.Module, bits: int | torch.Tensor, loss: torch.Tensor | None
     ) -> torch.Tensor:
         # The parameter stays zero, so the term adds nothing to the loss's value; its
-        # gradient is ``bits`` in this rank's slot and zero in the others.
-        slots = self._decision_slots(module)
-        term = torch.dot(slots.param, slots.weights(bits))
+        # gradient is ``bits`` in this rank's slot and zero in the others. (Called on every
+        # batch: the cached slots and weights are looked up inline.)
+        slots = self._slots
+        if slots is None or slots.owner is not module:
+            slots = self._decision_slots(module)
+        weights = slots.by_bits.get(bits) if type(bits) is int else None
+        term = torch.dot(slots.param, weights if weights is not None else slots.weights(bits))
         if loss is not None:
             return loss + (term if term.dtype == loss.dtype else term.to(loss.dtype))
         # A skipped batch: zero gradients for every parameter, so this rank's reduction
@@ -228,7 +238,18 @@ class DDPStrategy(ParallelStrategy):
 
     @override
     def read_step_decision(self, module: nn.Module) -> list[int]:
-        return self._decision_slots(module).read()
+        slots = self._slots
+        if slots is None or slots.owner is not module:
+            slots = self._decision_slots(module)
+        return slots.read()
+
+    @override
+    def step_function(self, model: nn.Module, name: str) -> Callable[..., Any]:
+        """Under automatic optimization, the DDP wrapper's own call (its ``forward`` runs
+        the hook through the `StepModule`)."""
+        if isinstance(model, DistributedDataParallel) and not self.run_settings.manual_optimization:
+            return functools.partial(model, name)
+        return super().step_function(model, name)
 
     def _decision_slots(self, module: nn.Module) -> _DecisionSlots:
         slots = self._slots
@@ -318,24 +339,24 @@ class _DecisionSlots:
     of the DDP module ``owner``, with the weights that put a rank's bits in its own slot:
     the loop's term is ``dot(param, weights(bits))``, one autograd node."""
 
-    __slots__ = ("_weights", "owner", "param", "rank")
+    __slots__ = ("by_bits", "owner", "param", "rank")
 
     def __init__(self, owner: nn.Module, param: nn.Parameter, rank: int) -> None:
         self.owner = owner
         self.param = param
         self.rank = rank
         # Per value of integer bits (at most 8 values): built once, never written to.
-        self._weights: dict[int, torch.Tensor] = {}
+        self.by_bits: dict[int, torch.Tensor] = {}
 
     def weights(self, bits: int | torch.Tensor) -> torch.Tensor:
         """A constant vector: ``bits`` at this rank's slot, zero elsewhere."""
         if not isinstance(bits, int):
             return self.weights(1) * bits.to(self.param.dtype)
-        weights = self._weights.get(bits)
+        weights = self.by_bits.get(bits)
         if weights is None:
             weights = torch.zeros_like(self.param, requires_grad=False)
             weights[self.rank] = bits
-            self._weights[bits] = weights
+            self.by_bits[bits] = weights
         return weights
 
     def read(self) -> list[int]:

@@ -238,6 +238,12 @@ class FSDPStrategy(_FSDPState):
         return contextlib.nullcontext()
 
     @override
+    def evaluation_context(self, inference_mode: bool) -> contextlib.AbstractContextManager[Any]:
+        """`torch.no_grad` always: FSDP's parameter handling does not run under
+        `torch.inference_mode`."""
+        return torch.no_grad()
+
+    @override
     def clip_gradients(
         self, module: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float
     ) -> torch.Tensor:

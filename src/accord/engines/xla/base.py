@@ -11,6 +11,8 @@ CPU copies.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -86,6 +88,11 @@ class XLAStrategyBase(Strategy):
         return {}  # XLA ranks come from the runtime
 
     @override
+    def evaluation_context(self, inference_mode: bool) -> contextlib.AbstractContextManager[Any]:
+        """`torch.no_grad` always: XLA's lazy tensors do not run under inference mode."""
+        return torch.no_grad()
+
+    @override
     def step(self, model: nn.Module, name: str, *args: Any) -> Any:
         output = super().step(model, name, *args)
         if name in _EVAL_STEPS:
@@ -113,7 +120,24 @@ class XLAStrategyBase(Strategy):
         return super().clip_gradients(module, optimizer, max_norm)
 
     @override
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, module: nn.Module) -> None:
+    def clip_gradients_value(
+        self, module: nn.Module, optimizer: torch.optim.Optimizer, clip_value: float
+    ) -> None:
+        self._average_gradients(optimizer)
+        super().clip_gradients_value(module, optimizer, clip_value)
+
+    @override
+    def optimizer_step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        module: nn.Module,
+        closure: Callable[[], Any] | None = None,
+    ) -> None:
+        if closure is not None:
+            raise ConfigurationError(
+                f"{type(optimizer).__name__} needs a closure in step(); the XLA strategies "
+                "step without one. Use an optimizer without a closure."
+            )
         if id(optimizer) in self._reduced or self.gradient_sync == "collective":
             if id(optimizer) not in self._reduced:
                 self._average_gradients(optimizer)

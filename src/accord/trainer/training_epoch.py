@@ -1,0 +1,490 @@
+"""One training epoch under automatic optimization, batch by batch, in Lightning's order.
+
+A batch: the transfer hooks, ``on_train_batch_start``, then (on a batch that steps, when
+the module overrides ``optimizer_step``) ``optimizer_step(epoch, batch_idx, optimizer,
+closure)``, where the closure runs ``training_step``, the ranks' decision on the batch,
+``on_before_zero_grad`` and ``optimizer_zero_grad`` (first batch of an accumulation
+window), ``on_before_backward``, backward and ``on_after_backward``; the step then runs
+``on_before_optimizer_step``, clipping and the strategy's step; then the LR schedulers
+due, and ``on_train_batch_end``. Without an override the loop runs the same sequence
+directly. Hooks are looked up once per epoch: one nobody defined costs nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from lightning_utilities.core.rank_zero import rank_zero_warn
+
+from accord.errors import ConfigurationError
+from accord.module_optimization import StepFunction, StrategyOptimizer
+from accord.trainer.evaluation_loop import batch_mover, log_metrics
+from accord.trainer.optimizers import due_schedulers, monitored_value
+from accord.trainer.step_decision import (
+    StepDecision,
+    carried_decision,
+    decide_step,
+    local_bits,
+    on_nonfinite,
+)
+from accord.trainer.step_decision import (
+    finite as _finite,
+)
+
+if TYPE_CHECKING:
+    from accord.trainer.fit_loop import FitLoop
+    from accord.trainer.trainer import Trainer
+
+__all__ = ["TrainingEpoch", "apply_step", "backward_with_hooks", "loss_of"]
+
+
+def loss_of(output: Any) -> torch.Tensor | None:
+    """The loss in what ``training_step`` returned: a tensor, a dict's ``"loss"``, or None.
+
+    Raises:
+        ConfigurationError: any other return value.
+    """
+    if output is None:
+        return None
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, Mapping):
+        loss = output.get("loss")
+        if isinstance(loss, torch.Tensor):
+            return loss
+    raise ConfigurationError(
+        f"training_step returned {type(output).__name__}; return the loss tensor, a dict with "
+        "a 'loss' key, or None to skip the step."
+    )
+
+
+def batch_output(output: Any, loss: torch.Tensor | None, accumulate: int) -> dict[str, Any]:
+    """What ``on_train_batch_end`` gets as ``outputs``, as Lightning hands it over: the
+    loss (divided for accumulation, detached) under ``"loss"`` with the other keys of a
+    dict ``training_step`` returned; empty for a skipped batch."""
+    if loss is None:
+        return {}
+    value = (loss / accumulate if accumulate > 1 else loss).detach()
+    extra = {k: v for k, v in output.items() if k != "loss"} if isinstance(output, Mapping) else {}
+    return {"loss": value, **extra}
+
+
+def backward_with_hooks(trainer: Trainer, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+    """``manual_backward``: the ``on_before_backward`` hooks, the strategy's backward (the
+    module's own ``backward`` inside it where it overrides it), ``on_after_backward``."""
+    state = trainer._state
+    hooks, wrapped = state.hooks, state.wrapped
+    if hooks is None or wrapped is None:
+        raise ConfigurationError("manual_backward() works inside training_step during fit().")
+    for hook in hooks.event("on_before_backward"):
+        hook(loss)
+    own = hooks.module_hook("backward")
+    backward_fn = None if own is None else (lambda scaled: own(scaled, *args, **kwargs))
+    if backward_fn is None and (args or kwargs):
+        backward_fn = lambda scaled: scaled.backward(*args, **kwargs)  # noqa: E731
+    trainer.strategy.backward(loss, wrapped, backward_fn)
+    for hook in hooks.event("on_after_backward"):
+        hook()
+
+
+def _needs_closure(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer.step`` requires a closure (``torch.optim.LBFGS``)."""
+    parameter = inspect.signature(type(optimizer).step).parameters.get("closure")
+    return parameter is not None and parameter.default is inspect.Parameter.empty
+
+
+def apply_step(trainer: Trainer) -> StepFunction:
+    """What `StrategyOptimizer.step` does in this Trainer's fit: run the closure, then (if
+    the window ran a backward) ``on_before_optimizer_step``, clipping and the strategy's
+    step; under manual optimization each step also counts one ``global_step``."""
+
+    def step(optimizer: StrategyOptimizer, closure: Callable[[], Any] | None) -> Any:
+        state = trainer._state
+        model, wrapped = state.module, state.wrapped
+        assert model is not None and wrapped is not None
+        automatic = model.automatic_optimization
+        if closure is not None and _needs_closure(optimizer.optimizer):
+
+            def full() -> Any:
+                loss = closure()
+                before_step(trainer, optimizer, automatic)
+                return loss
+
+            trainer.strategy.optimizer_step(optimizer.optimizer, wrapped, full)
+            return None
+        result = closure() if closure is not None else None
+        loop = state.fit_loop
+        if automatic and loop is not None and not loop.window_has_backward:
+            return result
+        before_step(trainer, optimizer, automatic)
+        trainer.strategy.optimizer_step(optimizer.optimizer, wrapped)
+        if not automatic:
+            optimizer.clipped = False
+            trainer.global_step += 1
+        return result
+
+    return step
+
+
+def before_step(trainer: Trainer, optimizer: StrategyOptimizer, automatic: bool) -> None:
+    """Right before ``optimizer`` steps: unscale (a loss scaler's), the
+    ``on_before_optimizer_step`` hooks, and (automatic optimization) the clipping."""
+    hooks = trainer._state.hooks
+    assert hooks is not None
+    inner = optimizer.optimizer
+    trainer.strategy.unscale_gradients(inner)
+    for hook in hooks.event("on_before_optimizer_step"):
+        hook(inner)
+    if automatic:
+        _clip(trainer, hooks.module_hook("configure_gradient_clipping"), inner)
+
+
+def _clip(
+    trainer: Trainer, own: Callable[..., Any] | None, optimizer: torch.optim.Optimizer
+) -> None:
+    """The module's ``configure_gradient_clipping`` where it overrides it, else the clipping
+    ``gradient_clip_val``/``gradient_clip_algorithm`` ask for."""
+    if own is not None:
+        own(
+            optimizer,
+            gradient_clip_val=trainer.gradient_clip_val,
+            gradient_clip_algorithm=trainer.gradient_clip_algorithm,
+        )
+        return
+    wrapped = trainer._state.wrapped
+    assert wrapped is not None
+    if trainer.gradient_clip_val is None:
+        return
+    value = float(trainer.gradient_clip_val)
+    if trainer.gradient_clip_algorithm == "value":
+        trainer.strategy.clip_gradients_value(wrapped, optimizer, value)
+    else:
+        trainer.strategy.clip_gradients(wrapped, optimizer, value)
+
+
+class _Closure:
+    """The batch's forward and backward, as the closure an ``optimizer_step`` override
+    gets: each call runs them again (an optimizer such as LBFGS calls it several times)."""
+
+    def __init__(self, epoch: TrainingEpoch, batch: Any, batch_idx: int) -> None:
+        self.epoch, self.batch, self.batch_idx = epoch, batch, batch_idx
+        self.output: Any = None
+        self.ran = False
+
+    def __call__(self) -> torch.Tensor | None:
+        self.output = self.epoch.forward_backward(self.batch, self.batch_idx)
+        self.ran = True
+        return loss_of(self.output)
+
+
+class TrainingEpoch:
+    """The batches of one epoch under automatic optimization.
+
+    Everything a batch asks for is resolved here once: the hooks (what nobody defined is
+    an empty tuple or None), the step function, the batch mover, whether there is an
+    autocast, a loss scaler or other ranks to agree with; so the loop itself makes few
+    calls of its own (``benchmarks/bench_calls.py`` counts them).
+
+    Args:
+        loop: the fit loop (its trainer, state and per-window bookkeeping).
+    """
+
+    def __init__(self, loop: FitLoop) -> None:
+        self.loop = loop
+        self.trainer = trainer = loop.trainer
+        self.state = state = loop.state
+        hooks = state.hooks
+        assert hooks is not None and state.module is not None and state.wrapped is not None
+        self.model, self.wrapped = state.module, state.wrapped
+        self.strategy = strategy = trainer.strategy
+        self.accumulate = trainer.accumulate_grad_batches
+        self.batch_start = hooks.callback_hooks("on_train_batch_start")
+        self.module_batch_start = hooks.module_hook("on_train_batch_start")
+        self.batch_end = hooks.event("on_train_batch_end")
+        self.before_zero_grad = hooks.event("on_before_zero_grad")
+        self.zero_grad_hook = hooks.module_hook("optimizer_zero_grad")
+        self.before_backward = hooks.event("on_before_backward")
+        self.after_backward = hooks.event("on_after_backward")
+        self.backward_fn: Callable[[torch.Tensor], None] | None = hooks.module_hook("backward")
+        self.step_hook = hooks.module_hook("optimizer_step")
+        self.scheduler_hook = hooks.module_hook("lr_scheduler_step")
+        self.before_optimizer_step = hooks.event("on_before_optimizer_step")
+        self.clip_hook = hooks.module_hook("configure_gradient_clipping")
+        self.move = batch_mover(trainer, hooks)
+        self.training_step = strategy.step_function(self.wrapped, "training_step")
+        context = strategy.forward_context()
+        self.autocast = None if isinstance(context, contextlib.nullcontext) else context
+        self.unscale = strategy.precision.scaler is not None
+        self.rank, self.multi_rank = strategy.global_rank, strategy.world_size > 1
+        self.custom_step = self.step_hook is not None or any(
+            _needs_closure(o) for o in state.optimizers
+        )
+        # Where the gradient reduction carries the decision, every backward carries this
+        # rank's bits; with one batch per step (no accumulation window to keep) the loop
+        # reads the decision after backward instead of agreeing first.
+        self.carried = self.multi_rank and strategy.carries_step_decision(self.wrapped)
+        self.overlap = self.carried and self.accumulate == 1
+
+    def run(self, loader: Iterable[Any], val_loader: Any) -> None:
+        """Train on this epoch's batches of ``loader``, validating at the interval."""
+        loop, trainer, state, strategy = self.loop, self.trainer, self.state, self.strategy
+        metrics, accumulate, wrapped = state.metrics, self.accumulate, self.wrapped
+        total = trainer.num_training_batches
+        val_every = loop.val_every(total)
+        check_val = val_loader is not None and trainer.has_validation
+        log_every, max_steps = trainer.log_every_n_steps, trainer.max_steps
+        schedulers = state.schedulers
+        ran = skipped = 0
+        iterator, skip = loop.epoch_iterator(loader)
+        for batch_idx, batch in enumerate(iterator, start=skip):
+            if batch_idx >= total:
+                break
+            loop.total_batches += 1
+            trainer.logger_step = trainer.global_step
+            last = batch_idx + 1 == total
+            is_step = last or (batch_idx + 1) % accumulate == 0
+            state.is_last_batch = last
+            batch = self.move(batch)
+            metrics.batch = batch
+            strategy.on_train_batch_start(batch_idx, last, is_step)
+            starts = self.batch_start or self.module_batch_start is not None
+            if starts and self.call_batch_start(batch, batch_idx):
+                break
+            if not is_step:
+                with strategy.no_backward_sync(wrapped, enabled=True):
+                    output = self.forward_backward(batch, batch_idx)
+            elif self.custom_step:
+                output = self.custom_optimizer_step(batch, batch_idx)
+            else:
+                output = self.forward_backward(batch, batch_idx)
+                if loop.window_has_backward:
+                    self.step_optimizers()
+            ran += 1
+            loss = state.last_loss
+            skipped += loss is None
+            if is_step:
+                loop.window_has_backward = False
+                trainer.global_step += 1
+                if schedulers:
+                    self.step_schedulers("step", batch_idx + 1, plateau=False)
+            if schedulers and last:
+                self.step_schedulers("epoch", trainer.current_epoch + 1, plateau=False)
+            if metrics.step_values:
+                step_metrics = metrics.flush_step(strategy)
+                if is_step and log_every and trainer.global_step % log_every == 0:
+                    log_metrics(trainer, step_metrics)
+            state.batches_done = batch_idx + 1
+            if self.batch_end:
+                outputs = batch_output(output, loss, accumulate)
+                for hook in self.batch_end:
+                    hook(outputs, batch, batch_idx)
+            if loop.preempt_ranks and is_step:
+                loop.preempt()
+            if (
+                (check_val and (batch_idx + 1) % val_every == 0)
+                or trainer.should_stop
+                or trainer.global_step == max_steps
+                or not loop.counts_epoch_batches
+            ) and loop.after_batch(batch_idx, val_every, val_loader):
+                break
+        if ran and skipped == ran:
+            loop.warn_all_skipped()
+
+    def call_batch_start(self, batch: Any, batch_idx: int) -> bool:
+        """The ``on_train_batch_start`` hooks; True when the module's returned ``-1``: the
+        rest of the epoch is skipped (the epoch's schedulers still step)."""
+        for hook in self.batch_start:
+            hook(batch, batch_idx)
+        own = self.module_batch_start
+        if own is not None and own(batch, batch_idx) == -1:
+            self.step_schedulers("epoch", self.trainer.current_epoch + 1, plateau=False)
+            return True
+        return False
+
+    def forward_backward(self, batch: Any, batch_idx: int) -> Any:
+        """The closure's work: ``training_step``, the ranks' decision, zeroing at a window's
+        start, backward with its hooks. Returns ``training_step``'s output; the loss that
+        counted (None when the batch was skipped) is left in ``state.last_loss``."""
+        loop, state, strategy, wrapped = self.loop, self.state, self.strategy, self.wrapped
+        metrics = state.metrics
+        metrics.in_step = True
+        if self.autocast is None:
+            output = self.training_step(batch, batch_idx)
+        else:
+            with self.autocast:
+                output = self.training_step(batch, batch_idx)
+        metrics.in_step = False
+        loss = output if type(output) is torch.Tensor else loss_of(output)
+        first = batch_idx % self.accumulate == 0
+        if self.overlap:
+            loss = self.carried_backward(loss, first, batch_idx)
+        else:
+            # One rank with a finite loss and no signal has nothing to agree on.
+            if (
+                self.multi_rank
+                or loss is None
+                or loop.signals.received is not None
+                or not _finite(loss)
+            ):
+                loss = self.agree(loss, batch_idx)
+            if first:
+                self.zero_grad(batch_idx)
+        if metrics.pending or (loss is None and metrics.step_values):
+            metrics.end_training_step(skipped=loss is None)
+        if loss is not None and not self.overlap:
+            if self.accumulate > 1:
+                loss = loss / self.accumulate
+            total = strategy.step_decision_term(wrapped, 0, loss) if self.carried else loss
+            self.backward(loss, total)
+        state.last_loss = loss
+        return output
+
+    def agree(self, loss: torch.Tensor | None, batch_idx: int) -> torch.Tensor | None:
+        """The ranks' decision on this batch (one collective with several ranks); the loss
+        that counts, or None for a skipped batch. One collective per batch carries every
+        decision the ranks take together: a step one rank skips is skipped by all, since a
+        rank that went on to backward alone would wait for the others' gradients forever."""
+        signalled = self.loop.signals.received is not None
+        decision = decide_step(self.strategy, loss, check_loss=True, signalled=signalled)
+        return self.act_on(decision, loss, batch_idx)
+
+    def carried_backward(
+        self, loss: torch.Tensor | None, first: bool, batch_idx: int
+    ) -> torch.Tensor | None:
+        """Backward with the decision carried in the gradient reduction, then read it."""
+        strategy, wrapped = self.strategy, self.wrapped
+        signalled = self.loop.signals.received is not None
+        bits = local_bits(strategy, loss, check_loss=True, signalled=signalled)
+        term = strategy.step_decision_term(wrapped, bits, loss)
+        if first:
+            self.zero_grad(batch_idx)
+        if loss is not None:
+            self.backward(loss, term)
+        else:
+            strategy.backward(term, wrapped)
+        flags = strategy.read_step_decision(wrapped)
+        if not any(flags):
+            return loss
+        decision = carried_decision(flags)
+        result = self.act_on(decision, loss, batch_idx)
+        if decision.skip:
+            self.loop.discard_window()
+        return result
+
+    def act_on(
+        self, decision: StepDecision, loss: torch.Tensor | None, batch_idx: int
+    ) -> torch.Tensor | None:
+        """What ``decision`` means for this batch: a skip, a non-finite loss (raise, skip
+        or warn), a preemption to carry out at the step boundary."""
+        loop, trainer = self.loop, self.trainer
+        loop.preempt_ranks = loop.preempt_ranks or decision.preempt_ranks
+        if decision.skip:
+            return None
+        if decision.nonfinite_ranks:
+            mode = trainer.on_nonfinite
+            on_nonfinite(
+                mode,
+                decision.nonfinite_ranks,
+                trainer.global_step,
+                batch_idx,
+                trainer.is_global_zero,
+            )
+            if mode == "skip_step":
+                loop.discard_window()
+                return None
+        return loss
+
+    def zero_grad(self, batch_idx: int) -> None:
+        """Clear the gradients at the start of an accumulation window, with the hooks."""
+        hook, strategy, wrapped = self.zero_grad_hook, self.strategy, self.wrapped
+        for optimizer in self.state.optimizers:
+            for before in self.before_zero_grad:
+                before(optimizer)
+            if hook is not None:
+                hook(self.trainer.current_epoch, batch_idx, optimizer)
+            else:
+                strategy.zero_grad(optimizer, wrapped)
+
+    def backward(self, loss: torch.Tensor, total: torch.Tensor) -> None:
+        """The backward hooks (given ``loss``) around the strategy's backward of ``total``:
+        the loss, plus the step decision's term where the gradients carry it."""
+        for hook in self.before_backward:
+            hook(loss)
+        self.strategy.backward(total, self.wrapped, self.backward_fn)
+        for hook in self.after_backward:
+            hook()
+        self.loop.window_has_backward = True
+
+    def step_optimizers(self) -> None:
+        """Every optimizer's step, without an ``optimizer_step`` override: unscale, the
+        ``on_before_optimizer_step`` hooks, clipping, the strategy's step."""
+        strategy, wrapped, trainer = self.strategy, self.wrapped, self.trainer
+        clipping = self.clip_hook is not None or trainer.gradient_clip_val is not None
+        for optimizer in self.state.optimizers:
+            if self.unscale:
+                strategy.unscale_gradients(optimizer)
+            for hook in self.before_optimizer_step:
+                hook(optimizer)
+            if clipping:
+                _clip(trainer, self.clip_hook, optimizer)
+            strategy.optimizer_step(optimizer, wrapped)
+
+    def custom_optimizer_step(self, batch: Any, batch_idx: int) -> Any:
+        """The module's ``optimizer_step`` for each optimizer, with the batch's closure (run
+        once: later optimizers get its result).
+
+        Raises:
+            ConfigurationError: the override never ran the closure.
+        """
+        closure = _Closure(self, batch, batch_idx)
+        step = self.step_hook or self.model.optimizer_step
+        epoch = self.trainer.current_epoch
+        for index, optimizer in enumerate(self.state.step_optimizers):
+            given: Callable[[], Any] = closure if index == 0 else (lambda: loss_of(closure.output))
+            step(epoch, batch_idx, optimizer, given)
+        if not closure.ran:
+            raise ConfigurationError(
+                f"{type(self.model).__name__}.optimizer_step() did not run the closure it "
+                "was given, so training_step never ran: call "
+                "optimizer.step(closure=optimizer_closure) (or optimizer_closure()) in it."
+            )
+        return closure.output
+
+    def step_schedulers(self, interval: str, index: int, plateau: bool) -> None:
+        """Step the ``interval`` schedulers due at ``index`` through ``lr_scheduler_step``
+        (``plateau``: the monitored ones, stepped after ``on_train_epoch_end``)."""
+        state = self.state
+        due = due_schedulers(state.schedulers, interval, index, plateau)
+        if not due:
+            return
+        metrics = self.trainer.callback_metrics
+        hook = self.scheduler_hook
+        for config in due:
+            value = monitored_value(config, metrics)
+            if config.monitor is not None and value is None:
+                continue
+            if hook is not None:
+                hook(config.scheduler, value)
+            elif value is None:
+                config.scheduler.step()
+            else:
+                config.scheduler.step(value)
+        if interval == "epoch":
+            state.epoch_schedulers_stepped.update(id(c) for c in due)
+
+
+def warn_eval_mode(model: torch.nn.Module) -> None:
+    """Warn when some of the module's layers are in eval mode as training starts (as
+    Lightning does): they stay so, which is rarely meant."""
+    frozen = [name for name, module in model.named_modules() if not module.training]
+    if frozen:
+        rank_zero_warn(
+            f"{len(frozen)} module(s) are in eval mode as training starts ({', '.join(frozen[:5])}"
+            f"{', ...' if len(frozen) > 5 else ''}); they stay in eval mode while training. "
+            "Call .train() on them first if that is not meant.",
+            category=UserWarning,
+        )
