@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from accord.checkpoint_io import read_checkpoint
+from accord.compiled import module_names
 from accord.errors import CheckpointError, ConfigurationError
 
 if TYPE_CHECKING:
@@ -130,7 +131,7 @@ def load_module(
             "as keyword arguments to load_from_checkpoint."
         ) from err
     try:
-        model.load_state_dict(checkpoint["state_dict"], strict=strict)
+        model.load_state_dict(module_names(model, checkpoint["state_dict"]), strict=strict)
     except RuntimeError as err:
         raise CheckpointError(
             f"{str(checkpoint_path)!r} does not fit {cls.__name__}"

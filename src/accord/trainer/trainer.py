@@ -23,6 +23,7 @@ from accord.loggers.logger import Logger
 from accord.module import Module
 from accord.trainer import plumbing
 from accord.trainer.arguments import build_callbacks, build_loggers
+from accord.trainer.compile import unwrap_compiled
 from accord.trainer.connector import connect
 from accord.trainer.metrics import MetricStore
 from accord.trainer.optimizers import SchedulerConfig
@@ -255,6 +256,7 @@ class Trainer:
         Under ``ddp_spawn``/``ddp_fork`` the training runs in child processes; afterwards
         ``model`` holds rank zero's trained weights.
         """
+        model = unwrap_compiled(model, self.strategy)
         loaders = plumbing.fit_loaders(self, model, train_dataloaders, val_dataloaders, datamodule)
         plumbing.launch(self, "fit", model, *loaders, ckpt_path)
 
@@ -272,6 +274,7 @@ class Trainer:
         are loaded from that checkpoint first. With ``datamodule`` (also accepted in place
         of ``dataloaders``) the loader is its ``val_dataloader()``, after its ``setup``.
         """
+        model = unwrap_compiled(model, self.strategy)
         return plumbing.evaluate(self, "validate", model, dataloaders, datamodule, ckpt_path)
 
     def test(
@@ -284,6 +287,7 @@ class Trainer:
     ) -> list[dict[str, float]]:
         """Run one test pass; return its epoch metrics (``ckpt_path`` and ``datamodule`` as
         in `validate`)."""
+        model = unwrap_compiled(model, self.strategy)
         return plumbing.evaluate(self, "test", model, dataloaders, datamodule, ckpt_path)
 
     def predict(
@@ -298,6 +302,7 @@ class Trainer:
 
         ``ckpt_path`` and ``datamodule`` as in `validate`.
         """
+        model = unwrap_compiled(model, self.strategy)
         return plumbing.evaluate(self, "predict", model, dataloaders, datamodule, ckpt_path)
 
     def save_checkpoint(self, path: str | Path) -> None:
