@@ -25,6 +25,7 @@ from typing import Any, BinaryIO
 
 import torch
 
+from accord.compiled import plain_names
 from accord.errors import CheckpointError
 
 __all__ = [
@@ -244,7 +245,7 @@ def read_checkpoint(path: str | Path, *, weights_only: bool = True) -> dict[str,
     source = Path(path)
     found = checkpoint_format(source)
     if found is None or found == "file":
-        return load_checkpoint_file(source, weights_only=weights_only)
+        return _plain_model_state(load_checkpoint_file(source, weights_only=weights_only))
     reader = _READERS.get(found)
     if reader is None:
         raise CheckpointError(
@@ -253,6 +254,15 @@ def read_checkpoint(path: str | Path, *, weights_only: bool = True) -> dict[str,
         )
     checkpoint = reader(source, weights_only)
     check_format_version(checkpoint, source)
+    return _plain_model_state(checkpoint)
+
+
+def _plain_model_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """``checkpoint`` with its model state under plain parameter names (one written before
+    accord stripped the names ``torch.compile`` adds reads as one written since)."""
+    state = checkpoint.get("state_dict") if isinstance(checkpoint, dict) else None
+    if isinstance(state, dict):
+        checkpoint["state_dict"] = plain_names(state)
     return checkpoint
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from accord.checkpoint_io import read_checkpoint
+from accord.compiled import module_names
 from accord.errors import CheckpointError, ConfigurationError
 
 if TYPE_CHECKING:
@@ -131,7 +132,8 @@ def load_module(
         ) from err
     try:
         model.load_state_dict(
-            checkpoint["state_dict"], strict=model.strict_loading if strict is None else strict
+            module_names(model, checkpoint["state_dict"]),
+            strict=model.strict_loading if strict is None else strict,
         )
     except RuntimeError as err:
         raise CheckpointError(

@@ -108,6 +108,8 @@ SUBMODULES = (
     "accord.launchers.multiprocessing",
     "accord.loggers.logger",
     "accord.engines.xla.environment",
+    "accord.compiled",
+    "accord.trainer.compile",
 )
 
 

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from accord.checkpoint_io import read_checkpoint, save_checkpoint_file
+from accord.compiled import module_names
 from accord.errors import CheckpointError
 from accord.precision import Precision
 
@@ -49,11 +50,16 @@ class StrategyCheckpointing(ABC):
     ) -> None:
         """Load ``state`` into the user's module.
 
+        Its names are matched to the module's own, so the plain names of a checkpoint load
+        into a module that holds ``torch.compile``'d parts, and back
+        (`accord.compiled.module_names`).
+
         Raises:
             CheckpointError: with ``strict``, ``state``'s keys differ from the module's;
                 the message names the missing and the unexpected ones.
         """
         target = self.unwrap(module)
+        state = module_names(target, state)
         if strict:
             _check_keys(state, target.state_dict())
         target.load_state_dict(state, strict=strict)

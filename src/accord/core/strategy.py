@@ -96,6 +96,16 @@ class Strategy(StrategyCheckpointing):
         """
         return False
 
+    @property
+    def compile_refusal(self) -> str | None:
+        """Why this strategy cannot train a ``torch.compile``'d model, or None where it can.
+
+        None by default. The Trainer refuses a model compiled whole, or one holding
+        compiled parts, with this reason before any process starts; a strategy that
+        cannot run compiled code (DataParallel's replicas, XLA's own graphs) says why here.
+        """
+        return None
+
     # ------------------------------------------------------------- the collective
     @abstractmethod
     def default_collective(self) -> Collective:

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 
 from accord.callbacks.model_checkpoint import ModelCheckpoint
 from accord.checkpoint_io import CHECKPOINT_FORMAT_VERSION
+from accord.compiled import plain_names
 from accord.errors import CheckpointError
 from accord.trainer.data import epoch_order, resume_loader, samples_per_batch
 from accord.trainer.optimizers import due_schedulers, step_schedulers
@@ -66,7 +67,8 @@ def checkpoint_state(trainer: Trainer, state: RunState) -> dict[str, Any]:
             for name, value in trainer.callback_metrics.items()
             if name in monitors
         },
-        "state_dict": strategy.module_state_dict(state.wrapped),
+        # Plain names, whatever torch.compile wrapped: any model, compiled or not, loads them.
+        "state_dict": plain_names(strategy.module_state_dict(state.wrapped)),
         "optimizer_states": [strategy.optimizer_state_dict(o) for o in state.optimizers],
         "lr_schedulers": [c.scheduler.state_dict() for c in state.schedulers],
         "precision": strategy.precision_state_dict(),

@@ -18,7 +18,9 @@ from accord.errors import ConfigurationError
 from accord.module import Module
 from accord.precision import Precision
 from accord.trainer.checkpointing import checkpoint_state, weights_only_state
+from accord.trainer.compile import unwrap_compiled
 from accord.trainer.data import overrides
+from accord.trainer.hooks import overridden
 from accord.trainer.manual_loop import check_manual
 from accord.trainer.recovery import restart_checkpoint
 from accord.trainer.run import run_stage
@@ -61,10 +63,11 @@ def fit_loaders(
     train_dataloaders: Iterable[Any] | DataModule | None,
     val_dataloaders: Iterable[Any] | None,
     datamodule: DataModule | None,
-) -> tuple[Iterable[Any] | None, Iterable[Any] | None]:
-    """``Trainer.fit``'s training and validation loaders as given (None where the module's
-    or the datamodule's hooks give them on each rank); refuses a fit without data, or a
-    manual-optimization fit the Trainer cannot run, before any process starts."""
+) -> tuple[Module, Iterable[Any] | None, Iterable[Any] | None]:
+    """``Trainer.fit``'s module (the one inside a ``torch.compile``), and its training and
+    validation loaders as given (None where the module's or the datamodule's hooks give
+    them on each rank); refuses a fit without data, or a manual-optimization fit the
+    Trainer cannot run, before any process starts."""
     if isinstance(train_dataloaders, DataModule):
         datamodule = check_datamodule("fit", datamodule, None, train_dataloaders)
         train_dataloaders = None
@@ -80,17 +83,37 @@ def fit_loaders(
             "Pass train_dataloaders= (or a datamodule), or define train_dataloader() on the "
             "module."
         )
+    # Before any process starts, so a refusal is raised here, not by every rank.
+    check_module_hooks(trainer, model)
     if not model.automatic_optimization:
-        # Before any process starts, so a refusal is raised here, not by every rank.
         check_manual(trainer)
-    return train_dataloaders, val_dataloaders
+    return model, train_dataloaders, val_dataloaders
+
+
+def check_module_hooks(trainer: Trainer, model: Module) -> None:
+    """Refuse a module that overrides a hook the strategy cannot honour.
+
+    Raises:
+        ConfigurationError: e.g. ``backward`` or ``configure_gradient_clipping`` under
+            DeepSpeed, whose engine runs them itself.
+    """
+    strategy = trainer.strategy
+    for name, reason in strategy.refused_module_hooks().items():
+        if overridden(model, Module, name):
+            raise ConfigurationError(
+                f"{type(model).__name__} overrides {name}(), which {type(strategy).__name__} "
+                f"cannot honour: {reason} Remove the override, or use another strategy "
+                "(ddp, fsdp)."
+            )
 
 
 def _module(trainer: Trainer, stage: str, model: Module | None) -> Module:
-    """``model``, or the last run's module when None.
+    """``model`` (the `Module` inside when it is ``torch.compile``'d), or the last run's
+    module when None.
 
     Raises:
-        ConfigurationError: no module given and none known, or not an accord `Module`.
+        ConfigurationError: no module given and none known, not an accord `Module`, or a
+            compiled one the strategy cannot train.
     """
     if model is None:
         model = trainer.lightning_module
@@ -98,12 +121,8 @@ def _module(trainer: Trainer, stage: str, model: Module | None) -> Module:
             raise ConfigurationError(
                 f"Trainer.{stage}() needs a model: pass one, or call fit() with this Trainer first."
             )
-    if not isinstance(model, Module):
-        raise ConfigurationError(
-            f"Trainer.{stage}() needs an accord.Module, got {type(model).__name__}. "
-            "Subclass accord.Module (a LightningModule ports by changing its base class)."
-        )
-    return model
+    # torch.compile(module) gives the module inside, its steps compiled (or a refusal).
+    return unwrap_compiled(model, trainer.strategy)
 
 
 def eval_loader(

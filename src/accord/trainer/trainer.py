@@ -289,8 +289,10 @@ class Trainer(TrainerProperties):
         ``model`` holds rank zero's trained weights.
         """
         launch.check_weights_only(weights_only)
-        loaders = launch.fit_loaders(self, model, train_dataloaders, val_dataloaders, datamodule)
-        launch.launch(self, "fit", model, *loaders, ckpt_path)
+        module, *loaders = launch.fit_loaders(
+            self, model, train_dataloaders, val_dataloaders, datamodule
+        )
+        launch.launch(self, "fit", module, *loaders, ckpt_path)
 
     def validate(
         self,

@@ -23,6 +23,8 @@ import shutil
 from pathlib import Path
 from typing import Any, cast
 
+from torch import nn
+
 from accord.checkpoint_io import (
     check_format_version,
     checkpoint_format,
@@ -31,6 +33,7 @@ from accord.checkpoint_io import (
     save_checkpoint_file,
     write_bytes_atomically,
 )
+from accord.compiled import module_names
 from accord.core.strategy import Strategy
 from accord.engines.deepspeed import reading, staging, whole
 from accord.engines.deepspeed.safe_load import (
@@ -133,7 +136,11 @@ def load_checkpoint_directory(
         check_tag_files(source / tag)
     with safe_engine_loads(engine) if weights_only else contextlib.nullcontext():
         load_path, client = engine.load_checkpoint(
-            str(source), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=False
+            str(source),
+            tag=tag,
+            load_optimizer_states=True,
+            load_lr_scheduler_states=False,
+            custom_load_fn=_load_module_state,
         )
     if load_path is None or not isinstance(client, dict):
         raise CheckpointError(
@@ -150,6 +157,13 @@ def load_checkpoint_directory(
     checkpoint["state_dict"] = EngineState()
     checkpoint["optimizer_states"] = [EngineState()]
     return checkpoint
+
+
+def _load_module_state(src: dict[str, Any], dst: nn.Module) -> None:
+    """The engine's load of its own module state, strict, with the names matched to the
+    module's (`accord.compiled.module_names`): a run with ``torch.compile``'d parts resumes
+    from one without, and back."""
+    dst.load_state_dict(module_names(dst, src), strict=True)
 
 
 def load_for_engine(

@@ -15,6 +15,7 @@ from torch import nn
 from typing_extensions import override
 
 from accord.checkpoint_io import remove_checkpoint_path
+from accord.compiled import module_names
 from accord.core.parallel import ParallelStrategy
 from accord.engines.deepspeed import checkpoint as ckpt
 from accord.engines.deepspeed import zero3
@@ -55,10 +56,13 @@ class DeepSpeedCheckpoints(ParallelStrategy):
 
         Every rank must call this under ZeRO-3. The placeholder that `load_checkpoint`
         returns for a DeepSpeed checkpoint is skipped: the engine restored those weights.
+        Names are matched to the module's own, ``torch.compile``'d parts or not
+        (`accord.compiled.module_names`).
         """
         if isinstance(state, ckpt.EngineState):
             return
         target = self.unwrap(module)
+        state = module_names(target, state)
         if self._engine is not None and self.zero_stage == 3:
             zero3.load_full_state_dict(target, state, strict)
         else:

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from accord.compiled import plain_names
 from accord.engines.deepspeed.collective import import_deepspeed
 from accord.engines.deepspeed.safe_load import load_deepspeed_file
 from accord.errors import CheckpointError
@@ -29,15 +30,19 @@ def read_latest(directory: Path) -> str | None:
 
 
 def consolidate(directory: Path, tag: str) -> dict[str, Any]:
+    """The tag's full fp32 weights, merged from every rank's shards, under plain names
+    (`accord.compiled.plain_names`)."""
     zero_to_fp32 = import_deepspeed(
         "deepspeed.utils.zero_to_fp32", feature="consolidate_deepspeed_checkpoint"
     )
     try:
-        return dict(zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=tag))
+        state = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=tag)
     except (FileNotFoundError, ValueError, KeyError) as err:
         raise CheckpointError(
             f"{str(directory)!r} could not be consolidated (not a ZeRO checkpoint?): {err}"
         ) from err
+    # ZeRO names the parameters as the engine's module does, compiled parts included.
+    return plain_names(dict(state))
 
 
 def checkpoint_tag(directory: Path, tag: str | None) -> str:

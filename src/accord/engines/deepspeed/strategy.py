@@ -141,6 +141,18 @@ class DeepSpeedStrategy(DeepSpeedCheckpoints):
         return zero_stage(self.config)
 
     @property
+    @override
+    def compile_refusal(self) -> str | None:
+        """ZeRO-3 cannot train a compiled model; ZeRO-1 and 2 can."""
+        if self.zero_stage != 3:
+            return None
+        return (
+            "ZeRO-3 gathers each submodule's parameters in hooks around its forward, which "
+            "a compiled module bypasses or torch.compile traces again every step (ZeRO "
+            "stages 1 and 2 train compiled models)."
+        )
+
+    @property
     def engine(self) -> Any:
         """The ``deepspeed.DeepSpeedEngine`` of the current run (None outside a run)."""
         return self._engine

@@ -53,6 +53,16 @@ class DPStrategy(Strategy):
 
     @property
     @override
+    def compile_refusal(self) -> str | None:
+        """DataParallel's replicas would all run the original's compiled code."""
+        return (
+            "DataParallel copies the module onto each GPU every step, and each copy of a "
+            "compiled module would run the original's compiled code on the original's "
+            "weights."
+        )
+
+    @property
+    @override
     def root_device(self) -> torch.device:
         return self.parallel_devices[0]
 

@@ -28,6 +28,7 @@ from accord.checkpoint_io import (
     remove_checkpoint_path,
     save_checkpoint_file,
 )
+from accord.compiled import plain_name
 from accord.core.strategy import Strategy
 from accord.errors import CheckpointError
 
@@ -260,7 +261,8 @@ def name_parameters(
     groups = state.get("param_groups", [])
     if not groups or all(isinstance(i, str) for g in groups for i in g["params"]):
         return state
-    names = {id(p): name for name, p in model.named_parameters()}
+    # FSDP's optimizer states name parameters plainly, without torch.compile's parts.
+    names = {id(p): plain_name(name) for name, p in model.named_parameters()}
     # optimizer.state_dict() numbers the parameters in the order of its param_groups.
     order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
     if len(order) != sum(len(g["params"]) for g in groups):

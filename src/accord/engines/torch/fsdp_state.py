@@ -16,6 +16,7 @@ from torch import nn
 from typing_extensions import override
 
 from accord.checkpoint_io import checkpoint_format, read_checkpoint
+from accord.compiled import plain_names
 from accord.core.parallel import ParallelStrategy
 from accord.core.step_module import StepModule
 from accord.engines.torch.collective import TorchCollective
@@ -90,10 +91,15 @@ class _FSDPState(ParallelStrategy):
     def load_module_state_dict(
         self, module: nn.Module, state: dict[str, Any], strict: bool = True
     ) -> None:
-        """Load a sharded (DTensor) or a full state dict into the user's module."""
+        """Load a sharded (DTensor) or a full state dict into the user's module.
+
+        ``torch.distributed.checkpoint`` matches plain names to the module's own, so
+        ``torch.compile``'d parts load from the plain names checkpoints hold.
+        """
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
         self.reshard()
+        state = plain_names(state)
         set_model_state_dict(self.unwrap(module), state, options=load_options(state, strict))
 
     @override

@@ -51,6 +51,15 @@ class XLAStrategyBase(Strategy):
         """True: torch_xla's runtime stays in the process that starts it (see `Strategy`)."""
         return True
 
+    @property
+    @override
+    def compile_refusal(self) -> str | None:
+        """XLA traces the step into graphs of its own; a compiled model is not run here."""
+        return (
+            "XLA traces each step into a graph of its own, and torch.compile's default "
+            "backend does not run on XLA devices."
+        )
+
     def _xla_device(self) -> torch.device:
         import torch_xla
 
