@@ -9,6 +9,7 @@ keep their meaning.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -128,7 +129,19 @@ class Module(ModelHooks, DataHooks, CheckpointHooks, OptimizationHooks, nn.Modul
         """
         here = frame if frame is not None else inspect.currentframe()
         _hp.record_hparams(self, _hp.hparams_to_record(self, here, args, ignore))
+        self._hparams_initial = AttributeDict(copy.deepcopy(dict(self._hparams)))
         self._log_hyperparams = bool(logger)
+
+    @property
+    def hparams_initial(self) -> AttributeDict:
+        """A copy of the hyperparameters as `save_hyperparameters` recorded them (changes
+        to ``hparams`` since do not show here)."""
+        return AttributeDict(copy.deepcopy(dict(getattr(self, "_hparams_initial", {}))))
+
+    def remove_ignored_hparams(self, ignore_list: Sequence[str]) -> None:
+        """Drop these names from ``hparams`` (a subclass leaving out what its base saved)."""
+        for key in ignore_list:
+            self._hparams.pop(key, None)
 
     def hparams_for_checkpoint(self) -> dict[str, Any]:
         """The hyperparameters a checkpoint stores: those that load with

@@ -83,7 +83,12 @@ def test_max_steps_and_val_check_interval(tmp_path: Path) -> None:
 
     model = Counting()
     trainer = _trainer(
-        tmp_path, max_epochs=None, max_steps=20, val_check_interval=4, limit_val_batches=1
+        tmp_path,
+        max_epochs=None,
+        max_steps=20,
+        val_check_interval=4,
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
     )
     trainer.fit(model, loader(16), loader(16))
     assert trainer.global_step == 20

@@ -32,7 +32,8 @@ class EarlyStopping(Callback):
         check_finite: stop when the metric becomes NaN or infinite.
         stopping_threshold: stop as soon as the metric is at least this good.
         check_on_train_epoch_end: check at the end of the training epoch instead of after
-            validation (default: after validation when there is any).
+            validation (default, as in Lightning: at the epoch's end, unless validation
+            runs more than once an epoch or not every epoch).
         strict: raise when ``monitor`` was never logged.
     """
 
@@ -77,7 +78,9 @@ class EarlyStopping(Callback):
     def _check_on_train_end(self, trainer: Trainer) -> bool:
         if self.check_on_train_epoch_end is not None:
             return self.check_on_train_epoch_end
-        return not trainer.has_validation
+        # Lightning's rule: at the epoch's end unless validation runs more than once an
+        # epoch, or not every epoch (then after validation).
+        return trainer.val_check_interval in (None, 1.0) and trainer.check_val_every_n_epoch == 1
 
     @override
     def on_validation_end(self, trainer: Trainer, module: Module) -> None:

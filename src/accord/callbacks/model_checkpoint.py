@@ -55,7 +55,8 @@ class ModelCheckpoint(Callback):
         train_time_interval: save when this much time has passed since the fit started or
             the last such save.
         save_on_train_epoch_end: save at the end of the training epoch instead of after
-            validation (default: after validation when there is any).
+            validation (default, as in Lightning: at the epoch's end, unless validation
+            runs more than once an epoch or not every epoch).
 
     Raises:
         ConfigurationError: a negative count, a non-positive interval, or more than one
@@ -150,7 +151,11 @@ class ModelCheckpoint(Callback):
     def _on_train_end_of_epoch(self, trainer: Trainer) -> bool:
         if self.save_on_train_epoch_end is not None:
             return self.save_on_train_epoch_end
-        return not trainer.has_validation
+        # Lightning's rule: at the epoch's end, unless validation runs more than once an
+        # epoch or not every epoch (then after validation).
+        if trainer.check_val_every_n_epoch != 1:
+            return False
+        return not trainer.has_validation or trainer.val_check_interval in (None, 1.0)
 
     @override
     def on_train_batch_end(

@@ -61,17 +61,16 @@ class FitLoop:
         assert model is not None and state.wrapped is not None and state.hooks is not None
         state.fit_loop = self
         trainer.should_stop = False
-        self._load_val()
+        trainer.has_validation = self.val_source is not None and trainer.limit_val_batches != 0
+        state.hooks.call("on_fit_start")
+        # Lightning's order: the sanity check asks for the validation loader, then the fit
+        # for the training loader (unless estimated_stepping_batches already did).
+        self._sanity_check()
         if state.prepare_train is not None:
             state.prepare_train()
         self._train_reloaded = trainer.current_epoch
-        trainer.has_validation = (
-            self.val_loader is not None
-            and trainer.limit_val_batches != 0
-            and num_batches(self.val_loader, trainer.limit_val_batches) > 0
-        )
-        state.hooks.call("on_fit_start")
-        self._sanity_check()
+        if trainer.has_validation and self.val_loader is None:
+            self._load_val()
         if self._nothing_to_train(state.train_loader):
             state.hooks.call("on_fit_end")
             return
@@ -147,13 +146,14 @@ class FitLoop:
             not trainer.has_validation
             or trainer.num_sanity_val_steps == 0
             or state.ckpt_path is not None
-            or self.val_loader is None
         ):
             return
         rng = (torch.get_rng_state(), random.getstate(), _numpy_state())
         previous, state.running = state.running, "sanity_check"
         hooks.call("on_sanity_check_start")
-        evaluate(trainer, state, "sanity_check", self.val_loader)
+        self._load_val()
+        if self.val_loader is not None and trainer.has_validation:
+            evaluate(trainer, state, "sanity_check", self.val_loader)
         metrics = state.metrics
         metrics.callback_metrics.clear()
         metrics.progress_bar_metrics.clear()
@@ -177,6 +177,8 @@ class FitLoop:
         )
         self.state.val_loader = self.val_loader
         self._val_reloaded = trainer.current_epoch
+        if num_batches(self.val_loader, trainer.limit_val_batches) == 0:
+            trainer.has_validation = False
 
     def _reload_loaders(self) -> None:
         """New loaders from the hooks every ``reload_dataloaders_every_n_epochs`` epochs."""
