@@ -23,6 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
 SNAPSHOT = Path(__file__).with_name("data") / "lightning_hook_order.json"
+DEEPSPEED_REFUSED = ("backward", "optimizer_zero_grad", "configure_gradient_clipping")
 
 ACCORD_IMPORTS = """\
 from accord import Module as LightningModule
@@ -105,7 +106,11 @@ class Recorder(Callback):
     pass
 
 
-record(Net, MODULE_HOOKS, "M", 0)
+# DeepSpeed's engine runs backward, zeroing and clipping itself: accord refuses a module
+# that overrides those hooks there, so they are not recorded (nor called) on it.
+REFUSED = ("backward", "optimizer_zero_grad", "configure_gradient_clipping")
+deepspeed = sys.argv[2].startswith("deepspeed")
+record(Net, [n for n in MODULE_HOOKS if not (deepspeed and n in REFUSED)], "M", 0)
 record(
     Recorder,
     [n for n in vars(Callback) if n.startswith("on_") or n in ("setup", "teardown")],
@@ -134,10 +139,12 @@ def main(out: Path, strategy: str, devices: int) -> None:
     )
     model = Net()
     trainer.fit(model, loader(8), loader(4))
+    # A new module for test and predict: FSDP refuses to run again the module it sharded.
     calls.append("-- test")
-    trainer.test(model, loader(4), ckpt_path=str(out / "checkpoints" / "last.ckpt"), verbose=False)
+    last = str(out / "checkpoints" / "last.ckpt")
+    trainer.test(Net(), loader(4), ckpt_path=last, verbose=False)
     calls.append("-- predict")
-    trainer.predict(model, loader(4))
+    trainer.predict(Net(), loader(4))
     rank = trainer.global_rank
     (out / f"calls-{{rank}}.json").write_text(json.dumps(calls))
 
@@ -184,4 +191,9 @@ def test_hooks_run_in_lightnings_order(tmp_path: Path, strategy: str, devices: i
     run_script(sys.executable, ACCORD_IMPORTS, tmp_path, strategy, devices)
     expected = json.loads(SNAPSHOT.read_text())
     for rank in range(devices):
-        assert sequence(tmp_path, rank) == expected, f"rank {rank} of {strategy}"
+        # prepare_data runs on local rank zero only, as in Lightning.
+        left_out = {"M prepare_data"} if rank else set()
+        if strategy.startswith("deepspeed"):
+            left_out |= {f"M {name}" for name in DEEPSPEED_REFUSED}
+        mine = [c for c in expected if c not in left_out]
+        assert sequence(tmp_path, rank) == mine, f"rank {rank} of {strategy}"
