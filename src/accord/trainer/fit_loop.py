@@ -4,6 +4,7 @@ interval, until ``max_epochs``/``max_steps``, ``max_time`` or a stop (honoured o
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -75,8 +76,14 @@ class FitLoop:
             state.hooks.call("on_fit_end")
             return
         self.signals.install()
+        anomaly = (
+            torch.autograd.set_detect_anomaly(True)
+            if trainer.detect_anomaly
+            else contextlib.nullcontext()
+        )
         try:
-            self._epochs(model)
+            with anomaly:
+                self._epochs(model)
         finally:
             state.received_sigterm = self.signals.received_sigterm
             self.signals.restore()
