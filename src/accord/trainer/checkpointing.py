@@ -14,9 +14,11 @@ import torch
 from lightning_utilities.core.rank_zero import rank_zero_warn
 from torch.utils.data import DataLoader
 
+from accord.callbacks.checkpoint_files import finished_checkpoints
 from accord.callbacks.model_checkpoint import ModelCheckpoint
 from accord.checkpoint_io import CHECKPOINT_FORMAT_VERSION
-from accord.errors import CheckpointError
+from accord.datamodule import DataModule
+from accord.errors import CheckpointError, ConfigurationError
 from accord.trainer.data import epoch_order, resume_loader, samples_per_batch
 from accord.trainer.optimizers import step_schedulers
 from accord.trainer.state import RunState
@@ -30,6 +32,7 @@ __all__ = [
     "epoch_batches",
     "resolve_ckpt_path",
     "restore",
+    "save_checkpoint",
 ]
 
 CHECKPOINT_VERSION = CHECKPOINT_FORMAT_VERSION
@@ -37,13 +40,61 @@ CHECKPOINT_VERSION = CHECKPOINT_FORMAT_VERSION
 `accord.checkpoint_io.CHECKPOINT_FORMAT_VERSION`, which loading checks)."""
 
 
-def checkpoint_state(trainer: Trainer, state: RunState) -> dict[str, Any]:
-    """The full training state of the run in progress, as a checkpoint dict."""
+def save_checkpoint(trainer: Trainer, path: str | Path, *, weights_only: bool = False) -> None:
+    """Write the run's checkpoint to ``path`` through the strategy (every rank must call it).
+
+    With ``weights_only`` it holds the weights and what ``load_from_checkpoint`` needs
+    only (`checkpoint_state`), as Lightning's ``save_checkpoint(path, weights_only=True)``.
+
+    Raises:
+        ConfigurationError: outside a run.
+    """
+    state = trainer._state
+    model = state.module
+    if model is None or state.wrapped is None:
+        raise ConfigurationError("save_checkpoint() works during a run (fit/validate/test).")
+    checkpoint = checkpoint_state(trainer, state, weights_only=weights_only)
+    model.on_save_checkpoint(checkpoint)
+    trainer.strategy.save_checkpoint(checkpoint, path)
+
+
+WEIGHTS_ONLY_KEYS = (
+    "accord_checkpoint_version",
+    "strategy",
+    "world_size",
+    "sharded",
+    "epoch",
+    "global_step",
+    "state_dict",
+    "hyper_parameters",
+    DataModule.CHECKPOINT_HYPER_PARAMS_KEY,
+)
+"""What a ``weights_only`` checkpoint keeps (with ``"weights_only": True``)."""
+
+
+def checkpoint_state(
+    trainer: Trainer, state: RunState, *, weights_only: bool = False
+) -> dict[str, Any]:
+    """The full training state of the run in progress, as a checkpoint dict.
+
+    With ``weights_only``, only the weights and what ``load_from_checkpoint`` needs
+    (`WEIGHTS_ONLY_KEYS`), marked ``"weights_only": True``: such a checkpoint cannot
+    resume a fit.
+    """
+    checkpoint = _full_state(trainer, state)
+    if not weights_only:
+        return checkpoint
+    kept = {k: v for k, v in checkpoint.items() if k in WEIGHTS_ONLY_KEYS}
+    return {**kept, "weights_only": True}
+
+
+def _full_state(trainer: Trainer, state: RunState) -> dict[str, Any]:
     strategy = trainer.strategy
     assert state.wrapped is not None
     epoch_finished = state.batches_done >= trainer.num_training_batches
     monitors = {c.monitor for c in state.schedulers if c.monitor is not None}
     consumed = state.samples_consumed()
+    datamodule = trainer.datamodule
     return {
         "accord_checkpoint_version": CHECKPOINT_VERSION,
         "strategy": type(strategy).__name__,
@@ -72,18 +123,30 @@ def checkpoint_state(trainer: Trainer, state: RunState) -> dict[str, Any]:
         "hyper_parameters": (
             state.module.hparams_for_checkpoint() if state.module is not None else {}
         ),
-        "datamodule": trainer.datamodule.state_dict() if trainer.datamodule is not None else {},
+        "datamodule": datamodule.state_dict() if datamodule is not None else {},
+        **_datamodule_hparams(datamodule),
         "rng_epoch_start": state.rng_epoch_start,
         "rng": torch.get_rng_state(),
     }
 
 
-def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | Path) -> Path:
+def _datamodule_hparams(datamodule: DataModule | None) -> dict[str, Any]:
+    """The datamodule's hyperparameters under Lightning's key (nothing when it has none)."""
+    if datamodule is None or not datamodule.hparams:
+        return {}
+    return {DataModule.CHECKPOINT_HYPER_PARAMS_KEY: datamodule.hparams_for_checkpoint()}
+
+
+def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | Path, stage: str = "fit") -> Path:
     """The checkpoint ``ckpt_path`` names: a path, ``"last"`` or ``"best"``.
 
-    ``"last"`` is the newest finished checkpoint in the `ModelCheckpoint` callbacks'
-    directories (``<default_root_dir>/checkpoints`` without one); ``"best"`` is the first
-    `ModelCheckpoint`'s ``best_model_path``.
+    ``"last"`` is the newest finished checkpoint where the `ModelCheckpoint` callbacks
+    look (`ModelCheckpoint.checkpoint_dirs`: their ``dirpath``, or by default the log
+    version's ``checkpoints`` and, for a logger that numbers its versions, those of the
+    experiment's earlier versions; ``<default_root_dir>/checkpoints`` without a
+    `ModelCheckpoint`); for ``stage="fit"`` a callback with ``save_weights_only`` is
+    passed over, its files cannot resume a fit. ``"best"`` is the first `ModelCheckpoint`'s
+    ``best_model_path``.
 
     Raises:
         CheckpointError: ``"last"`` but there is no finished checkpoint; ``"best"`` but
@@ -93,16 +156,17 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | Path) -> Path:
         return _best(trainer)
     if str(ckpt_path) != "last":
         return Path(ckpt_path)
-    callbacks = [c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)]
-    directories = [Path(c.dirpath) for c in callbacks if c.dirpath is not None] or [
-        Path(trainer.default_root_dir) / "checkpoints"
+    callbacks = [
+        c
+        for c in trainer.callbacks
+        if isinstance(c, ModelCheckpoint) and not (stage == "fit" and c.save_weights_only)
     ]
-    candidates = [
-        entry
-        for directory in dict.fromkeys(directories)
-        for entry in (directory.glob("*.ckpt") if directory.is_dir() else ())
-        if _finished(entry)
-    ]
+    if callbacks:
+        directories = [d for c in callbacks for d in c.checkpoint_dirs(trainer)]
+        candidates = [p for c in callbacks for p in c.find_checkpoints(trainer)]
+    else:
+        directories = [Path(trainer.default_root_dir) / "checkpoints"]
+        candidates = finished_checkpoints(directories, ModelCheckpoint.FILE_EXTENSION, 0)
     if not candidates:
         where = ", ".join(repr(str(d)) for d in dict.fromkeys(directories))
         raise CheckpointError(
@@ -112,21 +176,18 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | Path) -> Path:
     return max(candidates, key=lambda p: p.stat().st_mtime)
 
 
-def _finished(entry: Path) -> bool:
-    """Whether ``entry`` is a checkpoint whose save finished.
-
-    A file is (files are renamed into place whole), a hidden name never is (a save's
-    staging). A directory is once the file its writer writes last is there: FSDP's
-    ``accord_meta.pt``, DeepSpeed's ``latest``.
-    """
-    if entry.name.startswith("."):
-        return False
-    if entry.is_file():
-        return True
-    return entry.is_dir() and any((entry / name).is_file() for name in _FINISHED_MARKERS)
-
-
-_FINISHED_MARKERS = ("accord_meta.pt", "latest")
+def _last_everywhere(trainer: Trainer, stage: str) -> Path:
+    """``ckpt_path="last"`` as rank zero resolves it, on every rank (or its error)."""
+    found: tuple[str | None, str | None] = (None, None)
+    if trainer.is_global_zero:
+        try:
+            found = (str(resolve_ckpt_path(trainer, "last", stage)), None)
+        except CheckpointError as err:
+            found = (None, str(err))
+    path, error = trainer.strategy.broadcast(found, src=0)
+    if error is not None or path is None:
+        raise CheckpointError(error or "ckpt_path='last' found no checkpoint.")
+    return Path(path)
 
 
 def _best(trainer: Trainer) -> Path:
@@ -158,10 +219,21 @@ def restore(trainer: Trainer, state: RunState, ckpt_path: str | Path, stage: str
     """
     model, wrapped, strategy = state.module, state.wrapped, trainer.strategy
     assert model is not None and wrapped is not None
-    path = resolve_ckpt_path(trainer, ckpt_path)
+    if str(ckpt_path) == "last":
+        # Every rank loads rank zero's choice (the newest file, by its clock and disk).
+        path = _last_everywhere(trainer, stage)
+    else:
+        path = resolve_ckpt_path(trainer, ckpt_path, stage)
     checkpoint = strategy.load_checkpoint(path)
     if "state_dict" not in checkpoint:
         raise CheckpointError(f"{str(path)!r} is not an accord checkpoint (no 'state_dict').")
+    if stage == "fit" and checkpoint.get("weights_only"):
+        raise CheckpointError(
+            f"{str(path)!r} holds weights only (ModelCheckpoint(save_weights_only=True)), so "
+            "it cannot resume a fit: it has no optimizer, scheduler or loop state. Load its "
+            "weights with load_from_checkpoint(path) and start a new fit, or resume from a "
+            "checkpoint saved without save_weights_only."
+        )
     try:
         strategy.load_module_state_dict(wrapped, checkpoint["state_dict"])
     except RuntimeError as err:
