@@ -13,7 +13,7 @@ when a fit resumes, and `DataModule.load_from_checkpoint` builds the datamodule 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -33,7 +33,22 @@ from accord.hparams import AttributeDict
 if TYPE_CHECKING:
     from accord.trainer.trainer import Trainer
 
-__all__ = ["DataModule", "check_datamodule", "datamodule_loaders", "warn_unused_val_loader"]
+__all__ = [
+    "DataModule",
+    "batch_transfer",
+    "check_datamodule",
+    "datamodule_loaders",
+    "warn_unused_val_loader",
+]
+
+BatchTransfer = Callable[[Any, torch.device, int], Any]
+"""``(batch, device, dataloader_idx) -> batch`` on the device."""
+
+_TRANSFER_HOOKS = (
+    "on_before_batch_transfer",
+    "transfer_batch_to_device",
+    "on_after_batch_transfer",
+)
 
 
 class DataModule:
@@ -286,6 +301,52 @@ class _Loaders:
             shuffle=self.shuffle and not isinstance(dataset, IterableDataset),
             num_workers=self.num_workers,
         )
+
+
+def batch_transfer(module: Any, datamodule: DataModule | None) -> BatchTransfer | None:
+    """How a batch gets to the device, as Lightning does it: ``on_before_batch_transfer``,
+    ``transfer_batch_to_device``, ``on_after_batch_transfer``.
+
+    Each hook is the datamodule's when it defines its own (or the module has none), else
+    the module's; a hook both define is the datamodule's, with a warning, as in Lightning.
+    Resolve it once per run; None when neither defines any hook, so moving the tensors
+    (`accord.core.buffers.move_to_device`) is all there is to do.
+    """
+    own = {hook: _overrides(datamodule, hook) for hook in _TRANSFER_HOOKS}
+    base = _module_class()
+    theirs = {
+        hook: getattr(type(module), hook, None) not in (None, getattr(base, hook, None))
+        for hook in _TRANSFER_HOOKS
+    }
+    if not any(own.values()) and not any(theirs.values()):
+        return None
+    both = [hook for hook in _TRANSFER_HOOKS if own[hook] and theirs[hook]]
+    if both:
+        rank_zero_warn(
+            f"{type(module).__name__} and {type(datamodule).__name__} both define {both}; "
+            "the datamodule's are used, as in Lightning.",
+            category=UserWarning,
+        )
+    fallback = datamodule if datamodule is not None else DataModule()
+    before, transfer, after = (
+        getattr(datamodule if own[hook] or not theirs[hook] else module, hook, None)
+        or getattr(fallback, hook)
+        for hook in _TRANSFER_HOOKS
+    )
+
+    def apply(batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        batch = before(batch, dataloader_idx)
+        batch = transfer(batch, device, dataloader_idx)
+        return after(batch, dataloader_idx)
+
+    return apply
+
+
+def _overrides(datamodule: DataModule | None, hook: str) -> bool:
+    if datamodule is None:
+        return False
+    own = getattr(datamodule, hook)
+    return getattr(own, "__func__", own) is not getattr(DataModule, hook)
 
 
 def check_datamodule(

@@ -18,6 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import accord
+from accord.datamodule import batch_transfer
 from accord.errors import CheckpointError, ConfigurationError
 from accord.hparams import log_hyperparameters, run_hyperparameters
 from accord.loggers import CSVLogger
@@ -211,3 +212,41 @@ def test_the_hooks_lightning_names_have_its_defaults() -> None:
             pass
 
     assert NoInit().hparams == {}
+
+
+class _Scaling(accord.DataModule):
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        return [t * 2 for t in batch]
+
+
+class _MovesItself(LinearModel):
+    moved: int = 0
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, idx: int) -> Any:
+        self.moved += 1
+        return [t.to(device) for t in batch]
+
+
+def test_batch_transfer_picks_each_hook_as_lightning_does() -> None:
+    meta = torch.device("meta")
+    assert batch_transfer(LinearModel(), None) is None
+    assert batch_transfer(LinearModel(), accord.DataModule()) is None
+    scaled = batch_transfer(LinearModel(), _Scaling())
+    assert scaled is not None
+    [out] = scaled([torch.ones(1)], meta, 0)
+    assert out.device == meta
+    model = _MovesItself()
+    own = batch_transfer(model, _Scaling())
+    assert own is not None
+    own([torch.ones(1)], meta, 0)
+    assert model.moved == 1  # the module's hook: the datamodule does not define it
+
+    class AlsoMoves(_Scaling):
+        def transfer_batch_to_device(self, batch: Any, device: torch.device, idx: int) -> Any:
+            return ["datamodule's"]
+
+    with pytest.warns(UserWarning, match=r"both define \['transfer_batch_to_device'\]"):
+        chosen = batch_transfer(model, AlsoMoves())
+    assert chosen is not None
+    assert chosen([torch.ones(1)], meta, 0) == ["datamodule's"]
+    assert model.moved == 1
