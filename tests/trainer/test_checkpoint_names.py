@@ -155,6 +155,11 @@ def test_a_field_that_is_never_logged_is_refused(tmp_path: Path) -> None:
     callback = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{epoch}-{val_acc:.2f}")
     with pytest.raises(ConfigurationError, match=r"\['val_acc'\], which are not logged"):
         _trainer(tmp_path, max_epochs=1, callbacks=[callback]).fit(LinearModel(), loader(64))
+    wrong_spec = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{epoch}-{val_loss:d}")
+    with pytest.raises(ConfigurationError, match="does not format with the logged values"):
+        _trainer(tmp_path, max_epochs=1, callbacks=[wrong_spec]).fit(
+            Scored(), loader(64), loader(64)
+        )
 
 
 # ----------------------------------------------------------- version counter

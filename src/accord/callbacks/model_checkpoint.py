@@ -245,15 +245,24 @@ class ModelCheckpoint(Callback):
         name = "".join(parts)
         return self.CHECKPOINT_JOIN_CHAR.join((prefix, name)) if prefix is not None else name
 
-    def _check_fields(self, template: str | None, values: Mapping[str, Any]) -> None:
-        """Refuse a name whose fields are not all logged (Lightning would write 0)."""
-        fields = {f for _, f, _, _ in string.Formatter().parse(template or "") if f is not None}
+    def _check_name(self, template: str | None, values: Mapping[str, Any]) -> None:
+        """Refuse a name whose fields are not all logged (Lightning would write 0), or that
+        does not format; every rank checks, so a bad name stops every rank together."""
+        template = template or "{epoch}{step}"
+        fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
         missing = sorted(fields - set(values))
         if missing:
             raise ConfigurationError(
                 f"ModelCheckpoint(filename={template!r}) uses {missing}, which are not "
                 f"logged. Available: {sorted(values)}."
             )
+        try:
+            self._format_checkpoint_name(template, values, None, self.auto_insert_metric_name)
+        except (ValueError, TypeError) as err:
+            raise ConfigurationError(
+                f"ModelCheckpoint(filename={template!r}) does not format with the logged "
+                f"values: {err}. Fix the format specs (a float metric takes '.4f', not 'd')."
+            ) from err
 
     def _name_depth(self) -> int:
         """How many directories deep under ``dirpath`` the names put checkpoints."""
@@ -361,11 +370,10 @@ class ModelCheckpoint(Callback):
                     f"metrics: {sorted(trainer.callback_metrics)}."
                 )
             score = float(metric)
-        # Every rank checks the names, so a bad one stops every rank, not only rank zero.
         if top_k:
-            self._check_fields(self.filename or "{epoch}{step}", values)
+            self._check_name(self.filename, values)
         if self.save_last:
-            self._check_fields(self.CHECKPOINT_NAME_LAST, values)
+            self._check_name(self.CHECKPOINT_NAME_LAST, values)
         plan = self._plan(values, score, top_k) if trainer.is_global_zero else (None, None, None)
         score, top_path, last_path = trainer.strategy.broadcast(plan, src=0)
         replaced = None
