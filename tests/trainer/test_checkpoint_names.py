@@ -19,6 +19,7 @@ from accord.callbacks import ModelCheckpoint
 from accord.errors import CheckpointError, ConfigurationError
 from accord.loggers import CSVLogger, Logger, TensorBoardLogger
 from accord.testing import run_distributed
+from accord.trainer.preemption import PREEMPTION_CHECKPOINT_NAME
 
 
 class Scored(LinearModel):
@@ -239,6 +240,26 @@ def test_last_resumes_from_a_full_checkpoint_not_a_weights_only_one(tmp_path: Pa
 
     _trainer(tmp_path, max_epochs=1, callbacks=callbacks()).fit(LinearModel(), loader(64))
     resumed = _trainer(tmp_path, max_epochs=2, callbacks=callbacks())
+    resumed.fit(LinearModel(), loader(64), ckpt_path="last")
+    assert resumed.global_step == 8
+
+
+def test_last_with_weights_only_saving_resumes_from_a_preemption_checkpoint(
+    tmp_path: Path,
+) -> None:
+    def weights() -> ModelCheckpoint:
+        return ModelCheckpoint(dirpath=tmp_path / "weights", save_weights_only=True)
+
+    _trainer(tmp_path, max_epochs=1, callbacks=[weights()]).fit(LinearModel(), loader(64))
+    with pytest.raises(CheckpointError, match="no checkpoint in"):
+        _trainer(tmp_path, max_epochs=2, callbacks=[weights()]).fit(
+            LinearModel(), loader(64), ckpt_path="last"
+        )
+    # What a preemption leaves in the callback's directory: a full checkpoint.
+    _trainer(tmp_path / "full", max_epochs=1).fit(LinearModel(), loader(64))
+    full = tmp_path / "full" / "checkpoints" / "epoch=0-step=4.ckpt"
+    (tmp_path / "weights" / PREEMPTION_CHECKPOINT_NAME).write_bytes(full.read_bytes())
+    resumed = _trainer(tmp_path, max_epochs=2, callbacks=[weights()])
     resumed.fit(LinearModel(), loader(64), ckpt_path="last")
     assert resumed.global_step == 8
 

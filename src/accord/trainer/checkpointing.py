@@ -14,13 +14,14 @@ import torch
 from lightning_utilities.core.rank_zero import rank_zero_warn
 from torch.utils.data import DataLoader
 
-from accord.callbacks.checkpoint_files import finished_checkpoints
+from accord.callbacks.checkpoint_files import finished_checkpoints, is_finished_checkpoint
 from accord.callbacks.model_checkpoint import ModelCheckpoint
 from accord.checkpoint_io import CHECKPOINT_FORMAT_VERSION
 from accord.datamodule import DataModule
 from accord.errors import CheckpointError, ConfigurationError
 from accord.trainer.data import epoch_order, resume_loader, samples_per_batch
 from accord.trainer.optimizers import step_schedulers
+from accord.trainer.preemption import PREEMPTION_CHECKPOINT_NAME
 from accord.trainer.state import RunState
 
 if TYPE_CHECKING:
@@ -144,8 +145,9 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | Path, stage: str = "fit
     look (`ModelCheckpoint.checkpoint_dirs`: their ``dirpath``, or by default the log
     version's ``checkpoints`` and, for a logger that numbers its versions, those of the
     experiment's earlier versions; ``<default_root_dir>/checkpoints`` without a
-    `ModelCheckpoint`); for ``stage="fit"`` a callback with ``save_weights_only`` is
-    passed over, its files cannot resume a fit. ``"best"`` is the first `ModelCheckpoint`'s
+    `ModelCheckpoint`); for ``stage="fit"`` the files of a callback with
+    ``save_weights_only`` are passed over (they cannot resume a fit), all but a preemption
+    checkpoint in its directory. ``"best"`` is the first `ModelCheckpoint`'s
     ``best_model_path``.
 
     Raises:
@@ -156,14 +158,17 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | Path, stage: str = "fit
         return _best(trainer)
     if str(ckpt_path) != "last":
         return Path(ckpt_path)
-    callbacks = [
-        c
-        for c in trainer.callbacks
-        if isinstance(c, ModelCheckpoint) and not (stage == "fit" and c.save_weights_only)
-    ]
+    callbacks = [c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)]
     if callbacks:
         directories = [d for c in callbacks for d in c.checkpoint_dirs(trainer)]
-        candidates = [p for c in callbacks for p in c.find_checkpoints(trainer)]
+        candidates = []
+        for callback in callbacks:
+            if stage == "fit" and callback.save_weights_only:
+                # Its files cannot resume a fit; a preemption checkpoint beside them can.
+                found = (d / PREEMPTION_CHECKPOINT_NAME for d in callback.checkpoint_dirs(trainer))
+                candidates += [path for path in found if is_finished_checkpoint(path)]
+            else:
+                candidates += callback.find_checkpoints(trainer)
     else:
         directories = [Path(trainer.default_root_dir) / "checkpoints"]
         candidates = finished_checkpoints(directories, ModelCheckpoint.FILE_EXTENSION, 0)
