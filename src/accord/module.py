@@ -9,9 +9,7 @@ keep their meaning.
 
 from __future__ import annotations
 
-import copy
-import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +20,7 @@ from typing_extensions import Self
 
 from accord import hparams as _hp
 from accord.errors import ConfigurationError
-from accord.hparams import AttributeDict
+from accord.hparams import AttributeDict, HyperparametersMixin
 from accord.module_hooks import CheckpointHooks, DataHooks, ModelHooks
 from accord.module_optimization import OptimizationHooks, StrategyOptimizer
 
@@ -37,7 +35,9 @@ OptimizerConfig = Any
 ``(optimizers, schedulers)`` pair, or a dict ``{"optimizer": ..., "lr_scheduler": ...}``."""
 
 
-class Module(ModelHooks, DataHooks, CheckpointHooks, OptimizationHooks, nn.Module):
+class Module(
+    ModelHooks, DataHooks, CheckpointHooks, OptimizationHooks, HyperparametersMixin, nn.Module
+):
     """Base class for models trained by the `Trainer`.
 
     Attributes:
@@ -51,7 +51,6 @@ class Module(ModelHooks, DataHooks, CheckpointHooks, OptimizationHooks, nn.Modul
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._owner: Trainer | None = None
-        self._hparams = AttributeDict()
         self._automatic_optimization = True
         self._strict_loading: bool | None = None
         self._example_input_array: Any = None
@@ -93,61 +92,6 @@ class Module(ModelHooks, DataHooks, CheckpointHooks, OptimizationHooks, nn.Modul
         return []
 
     # ---------------------------------------------------------- hyperparameters
-    @property
-    def hparams(self) -> AttributeDict:
-        """The hyperparameters `save_hyperparameters` recorded (empty until it is called)."""
-        return self._hparams
-
-    def save_hyperparameters(
-        self,
-        *args: Any,
-        ignore: str | Sequence[str] | None = None,
-        frame: Any = None,
-        logger: bool = True,
-    ) -> None:
-        """Record the ``__init__`` arguments as ``self.hparams``, as Lightning does.
-
-        Call it in ``__init__``. Without ``args`` every argument of the ``__init__`` that
-        calls it is recorded; with names (``save_hyperparameters("lr", "width")``) only
-        those; with one dict, that dict. The Trainer stores them in every checkpoint (under
-        ``"hyper_parameters"``) and gives them to its loggers at the start of ``fit``;
-        `load_from_checkpoint` passes them back to ``__init__``. Only plain values (numbers,
-        strings, lists, dicts, tensors) go into checkpoints, which load with
-        ``weights_only=True``; others (a class, a module) stay out, with a warning, and are
-        passed again to `load_from_checkpoint`.
-
-        Args:
-            args: argument names to record, or one dict to record as it is.
-            ignore: argument names to leave out (a module or a dataset passed in, say).
-            frame: the frame whose function's arguments to record instead of the caller's
-                (its ``f_back`` is read, as for the caller's own frame).
-            logger: give them to the loggers at fit start (False: keep them out).
-
-        Raises:
-            ConfigurationError: a name that is not an argument of the calling ``__init__``,
-                or a call from outside a function.
-        """
-        here = frame if frame is not None else inspect.currentframe()
-        _hp.record_hparams(self, _hp.hparams_to_record(self, here, args, ignore))
-        self._hparams_initial = AttributeDict(copy.deepcopy(dict(self._hparams)))
-        self._log_hyperparams = bool(logger)
-
-    @property
-    def hparams_initial(self) -> AttributeDict:
-        """A copy of the hyperparameters as `save_hyperparameters` recorded them (changes
-        to ``hparams`` since do not show here)."""
-        return AttributeDict(copy.deepcopy(dict(getattr(self, "_hparams_initial", {}))))
-
-    def remove_ignored_hparams(self, ignore_list: Sequence[str]) -> None:
-        """Drop these names from ``hparams`` (a subclass leaving out what its base saved)."""
-        for key in ignore_list:
-            self._hparams.pop(key, None)
-
-    def hparams_for_checkpoint(self) -> dict[str, Any]:
-        """The hyperparameters a checkpoint stores: those that load with
-        ``weights_only=True`` (plain values), so reading the checkpoint runs no code."""
-        return {k: v for k, v in self._hparams.items() if _hp.loads_safely(v)}
-
     @classmethod
     def load_from_checkpoint(
         cls,

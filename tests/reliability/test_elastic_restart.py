@@ -89,8 +89,9 @@ def test_a_restart_picks_the_newest_finished_checkpoint(
     assert restart_checkpoint(_trainer(tmp_path, restarts=1)) is None
     assert "restart 1: no finished checkpoint yet" in capsys.readouterr().err
 
-    checkpoints = tmp_path / "checkpoints"
-    checkpoints.mkdir()
+    # The default ModelCheckpoint's directory: the logger's version directory.
+    checkpoints = tmp_path / "logs" / "version_0" / "checkpoints"
+    checkpoints.mkdir(parents=True)
     (checkpoints / "epoch=0-step=8.ckpt").write_bytes(b"older")
     newest = checkpoints / "preempted.ckpt"
     newest.write_bytes(b"newer")

@@ -275,7 +275,7 @@ def _tag_directories(checkpoint: Path) -> list[str]:
 def _save_and_resume(stage: int, root: Path) -> dict[str, Any]:
     full = AdamModel()
     checkpoints = accord.callbacks.ModelCheckpoint(
-        dirpath=root, filename="epoch={epoch}", save_top_k=-1, save_last=True
+        dirpath=root, filename="{epoch}", save_top_k=-1, save_last=True
     )
     _trainer(DeepSpeedStrategy(stage=stage), max_epochs=3, callbacks=[checkpoints]).fit(
         full, loader(batch_size=16)
@@ -458,9 +458,7 @@ class KilledMidSave(DeepSpeedCollective):
 
 def _fit_saving_every_epoch(root: Path, collective: DeepSpeedCollective | None, **fit: Any) -> Any:
     model = AdamModel()
-    checkpoints = accord.callbacks.ModelCheckpoint(
-        dirpath=root, filename="epoch={epoch}", save_top_k=-1
-    )
+    checkpoints = accord.callbacks.ModelCheckpoint(dirpath=root, filename="{epoch}", save_top_k=-1)
     strategy = DeepSpeedStrategy(stage=2, collective=collective)
     _trainer(strategy, max_epochs=3, callbacks=[checkpoints]).fit(
         model, loader(batch_size=16), **fit

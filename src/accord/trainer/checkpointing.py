@@ -14,12 +14,15 @@ import torch
 from lightning_utilities.core.rank_zero import rank_zero_warn
 from torch.utils.data import DataLoader
 
+from accord.callbacks.checkpoint_files import finished_checkpoints, is_finished_checkpoint
 from accord.callbacks.model_checkpoint import ModelCheckpoint
 from accord.checkpoint_io import CHECKPOINT_FORMAT_VERSION
 from accord.compiled import plain_names
-from accord.errors import CheckpointError
+from accord.datamodule import DataModule
+from accord.errors import CheckpointError, ConfigurationError
 from accord.trainer.data import epoch_order, resume_loader, samples_per_batch
 from accord.trainer.optimizers import due_schedulers, step_schedulers
+from accord.trainer.preemption import PREEMPTION_CHECKPOINT_NAME
 from accord.trainer.state import RunState
 
 if TYPE_CHECKING:
@@ -29,9 +32,9 @@ __all__ = [
     "CHECKPOINT_VERSION",
     "checkpoint_state",
     "epoch_batches",
-    "weights_only_state",
     "resolve_ckpt_path",
     "restore",
+    "save_checkpoint",
 ]
 
 CHECKPOINT_VERSION = CHECKPOINT_FORMAT_VERSION
@@ -39,13 +42,66 @@ CHECKPOINT_VERSION = CHECKPOINT_FORMAT_VERSION
 `accord.checkpoint_io.CHECKPOINT_FORMAT_VERSION`, which loading checks)."""
 
 
-def checkpoint_state(trainer: Trainer, state: RunState) -> dict[str, Any]:
-    """The full training state of the run in progress, as a checkpoint dict."""
+def save_checkpoint(trainer: Trainer, path: str | Path, *, weights_only: bool = False) -> None:
+    """Write the run's checkpoint to ``path`` through the strategy (every rank must call it),
+    with the callbacks' (not for weights only) and the module's ``on_save_checkpoint``
+    hooks, as Lightning calls them.
+
+    With ``weights_only`` it holds the weights and what ``load_from_checkpoint`` needs
+    only (`checkpoint_state`), as Lightning's ``save_checkpoint(path, weights_only=True)``.
+
+    Raises:
+        ConfigurationError: outside a run.
+    """
+    state = trainer._state
+    model = state.module
+    if model is None or state.wrapped is None:
+        raise ConfigurationError("save_checkpoint() works during a run (fit/validate/test).")
+    checkpoint = checkpoint_state(trainer, state, weights_only=weights_only)
+    hooks = state.hooks
+    if hooks is not None and not weights_only:
+        for hook in hooks.callback_hooks("on_save_checkpoint"):
+            hook(checkpoint)
+    model.on_save_checkpoint(checkpoint)
+    trainer.strategy.save_checkpoint(checkpoint, path)
+
+
+def checkpoint_state(
+    trainer: Trainer, state: RunState, *, weights_only: bool = False
+) -> dict[str, Any]:
+    """The full training state of the run in progress, as a checkpoint dict.
+
+    With ``weights_only``, only the weights and what ``load_from_checkpoint`` needs
+    (the weights, the hyperparameters, the position), marked ``"weights_only": True``: such a checkpoint cannot
+    resume a fit.
+    """
+    if not weights_only:
+        return _full_state(trainer, state)
+    strategy = trainer.strategy
+    assert state.wrapped is not None
+    return {
+        "accord_checkpoint_version": CHECKPOINT_VERSION,
+        "strategy": type(strategy).__name__,
+        "world_size": strategy.world_size,
+        "sharded": False,
+        "epoch": trainer.current_epoch,
+        "global_step": trainer.global_step,
+        "state_dict": plain_names(strategy.module_state_dict(state.wrapped)),
+        "hyper_parameters": (
+            state.module.hparams_for_checkpoint() if state.module is not None else {}
+        ),
+        **_datamodule_hparams(trainer.datamodule),
+        "weights_only": True,
+    }
+
+
+def _full_state(trainer: Trainer, state: RunState) -> dict[str, Any]:
     strategy = trainer.strategy
     assert state.wrapped is not None
     epoch_finished = state.batches_done >= trainer.num_training_batches
     monitors = {c.monitor for c in state.schedulers if c.monitor is not None}
     consumed = state.samples_consumed()
+    datamodule = trainer.datamodule
     return {
         "accord_checkpoint_version": CHECKPOINT_VERSION,
         "strategy": type(strategy).__name__,
@@ -76,7 +132,8 @@ def checkpoint_state(trainer: Trainer, state: RunState) -> dict[str, Any]:
         "hyper_parameters": (
             state.module.hparams_for_checkpoint() if state.module is not None else {}
         ),
-        "datamodule": trainer.datamodule.state_dict() if trainer.datamodule is not None else {},
+        "datamodule": datamodule.state_dict() if datamodule is not None else {},
+        **_datamodule_hparams(datamodule),
         "rng_epoch_start": state.rng_epoch_start,
         "rng": torch.get_rng_state(),
     }
@@ -93,32 +150,24 @@ def _pending_schedulers(trainer: Trainer, state: RunState) -> list[int]:
     ]
 
 
-def weights_only_state(trainer: Trainer, state: RunState) -> dict[str, Any]:
-    """A checkpoint of the weights alone (``save_checkpoint(weights_only=True)``): what
-    `Module.load_from_checkpoint` needs, not enough to resume a fit."""
-    strategy = trainer.strategy
-    assert state.wrapped is not None
-    return {
-        "accord_checkpoint_version": CHECKPOINT_VERSION,
-        "weights_only": True,
-        "strategy": type(strategy).__name__,
-        "world_size": strategy.world_size,
-        "sharded": False,
-        "epoch": trainer.current_epoch,
-        "global_step": trainer.global_step,
-        "state_dict": strategy.module_state_dict(state.wrapped),
-        "hyper_parameters": (
-            state.module.hparams_for_checkpoint() if state.module is not None else {}
-        ),
-    }
+def _datamodule_hparams(datamodule: DataModule | None) -> dict[str, Any]:
+    """The datamodule's hyperparameters under Lightning's key (nothing when it has none)."""
+    if datamodule is None or not datamodule.hparams:
+        return {}
+    return {DataModule.CHECKPOINT_HYPER_PARAMS_KEY: datamodule.hparams_for_checkpoint()}
 
 
-def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | Path) -> Path:
+def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | Path, stage: str = "fit") -> Path:
     """The checkpoint ``ckpt_path`` names: a path, ``"last"`` or ``"best"``.
 
-    ``"last"`` is the newest finished checkpoint in the `ModelCheckpoint` callbacks'
-    directories (``<default_root_dir>/checkpoints`` without one); ``"best"`` is the first
-    `ModelCheckpoint`'s ``best_model_path``.
+    ``"last"`` is the newest finished checkpoint where the `ModelCheckpoint` callbacks
+    look (`ModelCheckpoint.checkpoint_dirs`: their ``dirpath``, or by default the log
+    version's ``checkpoints`` and, for a logger that numbers its versions, those of the
+    experiment's earlier versions; ``<default_root_dir>/checkpoints`` without a
+    `ModelCheckpoint`); for ``stage="fit"`` the files of a callback with
+    ``save_weights_only`` are passed over (they cannot resume a fit), all but a preemption
+    checkpoint in its directory. ``"best"`` is the first `ModelCheckpoint`'s
+    ``best_model_path``.
 
     Raises:
         CheckpointError: ``"last"`` but there is no finished checkpoint; ``"best"`` but
@@ -129,15 +178,19 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | Path) -> Path:
     if str(ckpt_path) != "last":
         return Path(ckpt_path)
     callbacks = [c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)]
-    directories = [Path(c.dirpath) for c in callbacks if c.dirpath is not None] or [
-        Path(trainer.default_root_dir) / "checkpoints"
-    ]
-    candidates = [
-        entry
-        for directory in dict.fromkeys(directories)
-        for entry in (directory.glob("*.ckpt") if directory.is_dir() else ())
-        if _finished(entry)
-    ]
+    if callbacks:
+        directories = [d for c in callbacks for d in c.checkpoint_dirs(trainer)]
+        candidates = []
+        for callback in callbacks:
+            if stage == "fit" and callback.save_weights_only:
+                # Its files cannot resume a fit; a preemption checkpoint beside them can.
+                found = (d / PREEMPTION_CHECKPOINT_NAME for d in callback.checkpoint_dirs(trainer))
+                candidates += [path for path in found if is_finished_checkpoint(path)]
+            else:
+                candidates += callback.find_checkpoints(trainer)
+    else:
+        directories = [Path(trainer.default_root_dir) / "checkpoints"]
+        candidates = finished_checkpoints(directories, ModelCheckpoint.FILE_EXTENSION, 0)
     if not candidates:
         where = ", ".join(repr(str(d)) for d in dict.fromkeys(directories))
         raise CheckpointError(
@@ -147,21 +200,18 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | Path) -> Path:
     return max(candidates, key=lambda p: p.stat().st_mtime)
 
 
-def _finished(entry: Path) -> bool:
-    """Whether ``entry`` is a checkpoint whose save finished.
-
-    A file is (files are renamed into place whole), a hidden name never is (a save's
-    staging). A directory is once the file its writer writes last is there: FSDP's
-    ``accord_meta.pt``, DeepSpeed's ``latest``.
-    """
-    if entry.name.startswith("."):
-        return False
-    if entry.is_file():
-        return True
-    return entry.is_dir() and any((entry / name).is_file() for name in _FINISHED_MARKERS)
-
-
-_FINISHED_MARKERS = ("accord_meta.pt", "latest")
+def _last_everywhere(trainer: Trainer, stage: str) -> Path:
+    """``ckpt_path="last"`` as rank zero resolves it, on every rank (or its error)."""
+    found: tuple[str | None, str | None] = (None, None)
+    if trainer.is_global_zero:
+        try:
+            found = (str(resolve_ckpt_path(trainer, "last", stage)), None)
+        except CheckpointError as err:
+            found = (None, str(err))
+    path, error = trainer.strategy.broadcast(found, src=0)
+    if error is not None or path is None:
+        raise CheckpointError(error or "ckpt_path='last' found no checkpoint.")
+    return Path(path)
 
 
 def _best(trainer: Trainer) -> Path:
@@ -195,16 +245,21 @@ def restore(trainer: Trainer, state: RunState, ckpt_path: str | Path, stage: str
     """
     model, wrapped, strategy = state.module, state.wrapped, trainer.strategy
     assert model is not None and wrapped is not None
-    path = resolve_ckpt_path(trainer, ckpt_path)
+    if str(ckpt_path) == "last":
+        # Every rank loads rank zero's choice (the newest file, by its clock and disk).
+        path = _last_everywhere(trainer, stage)
+    else:
+        path = resolve_ckpt_path(trainer, ckpt_path, stage)
     checkpoint = strategy.load_checkpoint(path)
     if "state_dict" not in checkpoint:
         raise CheckpointError(f"{str(path)!r} is not an accord checkpoint (no 'state_dict').")
     if stage == "fit" and checkpoint.get("weights_only"):
         raise CheckpointError(
-            f"{str(path)!r} holds the weights only (saved with weights_only=True or "
-            "ModelCheckpoint(save_weights_only=True)), not the training state fit() resumes "
-            "from. Load it with Module.load_from_checkpoint and start a new fit, or resume "
-            "from a full checkpoint."
+            f"{str(path)!r} holds weights only (save_checkpoint(weights_only=True) or "
+            "ModelCheckpoint(save_weights_only=True)), so it cannot resume a fit: it has no "
+            "optimizer, scheduler or loop state. Load its weights with "
+            "load_from_checkpoint(path) and start a new fit, or resume from a checkpoint "
+            "saved without weights_only."
         )
     state.ckpt_path = str(path)
     model.on_load_checkpoint(checkpoint)

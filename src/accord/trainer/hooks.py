@@ -147,6 +147,12 @@ class RunHooks:
         module's where it does, else None."""
         datamodule = self.datamodule
         if datamodule is not None and overridden(datamodule, DataModule, name):
+            if overridden(self.module, Module, name):
+                rank_zero_warn(
+                    f"{type(self.module).__name__} and {type(datamodule).__name__} both define "
+                    f"{name}(); the datamodule's is used, as in Lightning.",
+                    category=UserWarning,
+                )
             method: Callable[..., Any] = getattr(datamodule, name)
             return method
         return self.module_hook(name)

@@ -17,7 +17,6 @@ from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
 from accord.module import Module
 from accord.precision import Precision
-from accord.trainer.checkpointing import checkpoint_state, weights_only_state
 from accord.trainer.compile import unwrap_compiled
 from accord.trainer.data import overrides
 from accord.trainer.hooks import overridden
@@ -181,25 +180,6 @@ def evaluate(
     loader = eval_loader(trainer, stage, dataloaders, datamodule)
     trainer._state.verbose = verbose
     return launch(trainer, stage, model, None, loader, ckpt_path)
-
-
-def save_checkpoint(trainer: Trainer, path: str | Path, weights_only: bool) -> None:
-    """``Trainer.save_checkpoint``: the training state (or the weights only) through the
-    strategy, with the callbacks' (not for weights only) and the module's
-    ``on_save_checkpoint`` hooks, as Lightning calls them."""
-    state = trainer._state
-    model = state.module
-    if model is None or state.wrapped is None:
-        raise ConfigurationError("save_checkpoint() works during a run (fit/validate/test).")
-    checkpoint = (
-        weights_only_state(trainer, state) if weights_only else checkpoint_state(trainer, state)
-    )
-    hooks = state.hooks
-    if hooks is not None and not weights_only:
-        for hook in hooks.callback_hooks("on_save_checkpoint"):
-            hook(checkpoint)
-    model.on_save_checkpoint(checkpoint)
-    trainer.strategy.save_checkpoint(checkpoint, path)
 
 
 def collect_results(trainer: Trainer, output: Any) -> RankZeroResults:

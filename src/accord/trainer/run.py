@@ -26,6 +26,7 @@ from accord.core.wrappers.recorder import (
 )
 from accord.datamodule import DataModule
 from accord.errors import CollectiveError, is_communication_error
+from accord.hparams import log_hyperparameters
 from accord.module import Module
 from accord.module_optimization import StrategyOptimizer
 from accord.trainer.arguments import checkpoints_last
@@ -106,7 +107,7 @@ def run_stage(
         if ckpt_path is not None:
             restore(trainer, state, ckpt_path, stage)
         if stage == "fit" and trainer.enable_autolog_hparams:
-            _log_hyperparameters(trainer, model)
+            log_hyperparameters(rank_zero_loggers(trainer), model, trainer.datamodule)
         result = _dispatch(trainer, state, stage, sources)
         _finish_profiling(trainer, recorder, stage)
         for logger in rank_zero_loggers(trainer):
@@ -119,9 +120,7 @@ def run_stage(
         for cb in trainer.callbacks:
             cb.on_exception(trainer, model, err)
         if trainer.datamodule is not None:
-            on_exception = getattr(trainer.datamodule, "on_exception", None)
-            if callable(on_exception):
-                on_exception(err)
+            trainer.datamodule.on_exception(err)
         for logger in rank_zero_loggers(trainer):
             logger.finalize("failed")
         raise
@@ -210,20 +209,6 @@ def _setup_fit(trainer: Trainer, state: RunState, model: Module, source: LoaderS
     state.step_optimizers = [
         StrategyOptimizer(o, model, apply_step(trainer)) for o in state.optimizers
     ]
-
-
-def _log_hyperparameters(trainer: Trainer, model: Module) -> None:
-    """Give the loggers (rank zero) the module's and the datamodule's hyperparameters."""
-    params: dict[str, Any] = {}
-    if getattr(model, "_log_hyperparams", True):
-        params.update(model.hparams)
-    datamodule_hparams = getattr(trainer.datamodule, "hparams", None)
-    if datamodule_hparams and getattr(trainer.datamodule, "_log_hyperparams", True):
-        params.update(datamodule_hparams)
-    if not params:
-        return
-    for logger in rank_zero_loggers(trainer):
-        logger.log_hyperparams(params)
 
 
 def _finish_profiling(trainer: Trainer, recorder: RecordingCollective | None, stage: str) -> None:
