@@ -134,7 +134,7 @@ class OptimizationHooks:
         """Backpropagate ``loss`` through the strategy (its precision's scaling included),
         with the ``on_before_backward`` and ``on_after_backward`` hooks (callbacks' and
         module's), as the automatic backward does."""
-        from accord.trainer.training_epoch import backward_with_hooks
+        from accord.trainer.stepping import backward_with_hooks
 
         backward_with_hooks(self.trainer, loss, *args, **kwargs)
 

@@ -45,7 +45,7 @@ from accord.trainer.metrics import MetricStore
 from accord.trainer.optimizers import configure_optimizers
 from accord.trainer.sources import LoaderSource, eval_source, fit_sources
 from accord.trainer.state import RunState
-from accord.trainer.training_epoch import apply_step
+from accord.trainer.stepping import apply_step
 
 if TYPE_CHECKING:
     from accord.trainer.trainer import Trainer
@@ -114,26 +114,42 @@ def run_stage(
             logger.finalize("success")
         return result
     except BaseException as err:
-        state.interrupted = True
-        if recorder is not None and _leaves_trace(err):
-            recorder.dump_on_error(err)
-        for cb in trainer.callbacks:
-            cb.on_exception(trainer, model, err)
-        if trainer.datamodule is not None:
-            trainer.datamodule.on_exception(err)
-        for logger in rank_zero_loggers(trainer):
-            logger.finalize("failed")
+        _on_failure(trainer, model, recorder, err)
         raise
     finally:
-        state.running = None
-        if trainer.datamodule is not None:
-            trainer.datamodule.teardown(stage=stage)
-        hooks.call("teardown", stage=stage)
-        state.wrapped = None
-        state.prepare_train = None
-        if recorder is not None:
-            recorder.step_source = None
-        strategy.teardown()
+        _teardown(trainer, hooks, recorder, stage)
+
+
+def _on_failure(
+    trainer: Trainer, model: Module, recorder: RecordingCollective | None, err: BaseException
+) -> None:
+    """A failing run: each rank's call trace (when it may come from ranks out of step),
+    the ``on_exception`` hooks (every callback's, the datamodule's), the loggers closed."""
+    trainer._state.interrupted = True
+    if recorder is not None and _leaves_trace(err):
+        recorder.dump_on_error(err)
+    for cb in trainer.callbacks:
+        cb.on_exception(trainer, model, err)
+    if trainer.datamodule is not None:
+        trainer.datamodule.on_exception(err)
+    for logger in rank_zero_loggers(trainer):
+        logger.finalize("failed")
+
+
+def _teardown(
+    trainer: Trainer, hooks: RunHooks, recorder: RecordingCollective | None, stage: str
+) -> None:
+    """The ``teardown`` hooks (datamodule, callbacks, module), then the strategy's."""
+    state = trainer._state
+    state.running = None
+    if trainer.datamodule is not None:
+        trainer.datamodule.teardown(stage=stage)
+    hooks.call("teardown", stage=stage)
+    state.wrapped = None
+    state.prepare_train = None
+    if recorder is not None:
+        recorder.step_source = None
+    trainer.strategy.teardown()
 
 
 def _start_recording(trainer: Trainer) -> RecordingCollective | None:

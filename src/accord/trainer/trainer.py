@@ -176,20 +176,7 @@ class Trainer(TrainerProperties):
         self.strategy = connect(strategy, accelerator, devices, num_nodes, precision)
         launch.apply_plugins(self.strategy, plugin_precision, environment)
         self._init_loop_settings(flags, num_sanity_val_steps)
-        self.gradient_clip_val = gradient_clip_val
-        self.gradient_clip_algorithm = arguments.check_gradient_clipping(
-            gradient_clip_val, gradient_clip_algorithm
-        )
-        self.deterministic, self.benchmark = deterministic, benchmark
-        self.inference_mode, self.detect_anomaly = bool(inference_mode), bool(detect_anomaly)
-        self.use_distributed_sampler = bool(use_distributed_sampler)
-        self.sync_batchnorm, self.barebones = bool(sync_batchnorm), bool(barebones)
-        arguments.check_profiler(profiler)
-        self.profiler = profiler
-        self.preemption_signals = parse_signals(preemption_signals)
-        self.on_nonfinite = check_nonfinite_mode(on_nonfinite)
-        self.auto_resume = auto_resume
-        self.enable_autolog_hparams = enable_autolog_hparams
+        self._init_run_options(flags)
         self.default_root_dir = Path(default_root_dir) if default_root_dir else Path.cwd()
         quiet = bool(self.fast_dev_run)
         self.callbacks = arguments.build_callbacks(
@@ -251,6 +238,28 @@ class Trainer(TrainerProperties):
         self.log_every_n_steps = log_every
         self.accumulate_grad_batches = flags["accumulate_grad_batches"]
         self.reload_dataloaders_every_n_epochs = flags["reload_dataloaders_every_n_epochs"]
+
+    def _init_run_options(self, flags: dict[str, Any]) -> None:
+        """Clipping, determinism, evaluation mode, sampling, profiling, signals."""
+        clip_val = flags["gradient_clip_val"]
+        self.gradient_clip_val = clip_val
+        self.gradient_clip_algorithm = arguments.check_gradient_clipping(
+            clip_val, flags["gradient_clip_algorithm"]
+        )
+        self.deterministic, self.benchmark = flags["deterministic"], flags["benchmark"]
+        self.inference_mode = bool(flags["inference_mode"])
+        self.detect_anomaly = bool(flags["detect_anomaly"])
+        self.use_distributed_sampler = bool(flags["use_distributed_sampler"])
+        self.sync_batchnorm, self.barebones = (
+            bool(flags["sync_batchnorm"]),
+            bool(flags["barebones"]),
+        )
+        arguments.check_profiler(flags["profiler"])
+        self.profiler: str | None = flags["profiler"]
+        self.preemption_signals = parse_signals(flags["preemption_signals"])
+        self.on_nonfinite = check_nonfinite_mode(flags["on_nonfinite"])
+        self.auto_resume: bool = flags["auto_resume"]
+        self.enable_autolog_hparams: bool = flags["enable_autolog_hparams"]
 
     def _init_counters(self) -> None:
         self.current_epoch = 0

@@ -13,7 +13,6 @@ directly. Hooks are looked up once per epoch: one nobody defined costs nothing.
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +20,6 @@ import torch
 from lightning_utilities.core.rank_zero import rank_zero_warn
 
 from accord.errors import ConfigurationError
-from accord.module_optimization import StepFunction, StrategyOptimizer
 from accord.trainer.evaluation_loop import batch_mover, log_metrics
 from accord.trainer.optimizers import due_schedulers, monitored_value
 from accord.trainer.step_decision import (
@@ -34,12 +32,12 @@ from accord.trainer.step_decision import (
 from accord.trainer.step_decision import (
     finite as _finite,
 )
+from accord.trainer.stepping import Closure, clip, needs_closure
 
 if TYPE_CHECKING:
     from accord.trainer.fit_loop import FitLoop
-    from accord.trainer.trainer import Trainer
 
-__all__ = ["TrainingEpoch", "apply_step", "backward_with_hooks", "loss_of"]
+__all__ = ["TrainingEpoch", "batch_output", "loss_of", "warn_eval_mode"]
 
 
 def loss_of(output: Any) -> torch.Tensor | None:
@@ -71,114 +69,6 @@ def batch_output(output: Any, loss: torch.Tensor | None, accumulate: int) -> dic
     value = (loss / accumulate if accumulate > 1 else loss).detach()
     extra = {k: v for k, v in output.items() if k != "loss"} if isinstance(output, Mapping) else {}
     return {"loss": value, **extra}
-
-
-def backward_with_hooks(trainer: Trainer, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-    """``manual_backward``: the ``on_before_backward`` hooks, the strategy's backward (the
-    module's own ``backward`` inside it where it overrides it), ``on_after_backward``."""
-    state = trainer._state
-    hooks, wrapped = state.hooks, state.wrapped
-    if hooks is None or wrapped is None:
-        raise ConfigurationError("manual_backward() works inside training_step during fit().")
-    for hook in hooks.event("on_before_backward"):
-        hook(loss)
-    own = hooks.module_hook("backward")
-    backward_fn = None if own is None else (lambda scaled: own(scaled, *args, **kwargs))
-    if backward_fn is None and (args or kwargs):
-        backward_fn = lambda scaled: scaled.backward(*args, **kwargs)  # noqa: E731
-    trainer.strategy.backward(loss, wrapped, backward_fn)
-    for hook in hooks.event("on_after_backward"):
-        hook()
-
-
-def _needs_closure(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether ``optimizer.step`` requires a closure (``torch.optim.LBFGS``)."""
-    parameter = inspect.signature(type(optimizer).step).parameters.get("closure")
-    return parameter is not None and parameter.default is inspect.Parameter.empty
-
-
-def apply_step(trainer: Trainer) -> StepFunction:
-    """What `StrategyOptimizer.step` does in this Trainer's fit: run the closure, then (if
-    the window ran a backward) ``on_before_optimizer_step``, clipping and the strategy's
-    step; under manual optimization each step also counts one ``global_step``."""
-
-    def step(optimizer: StrategyOptimizer, closure: Callable[[], Any] | None) -> Any:
-        state = trainer._state
-        model, wrapped = state.module, state.wrapped
-        assert model is not None and wrapped is not None
-        automatic = model.automatic_optimization
-        if closure is not None and _needs_closure(optimizer.optimizer):
-
-            def full() -> Any:
-                loss = closure()
-                before_step(trainer, optimizer, automatic)
-                return loss
-
-            trainer.strategy.optimizer_step(optimizer.optimizer, wrapped, full)
-            return None
-        result = closure() if closure is not None else None
-        loop = state.fit_loop
-        if automatic and loop is not None and not loop.window_has_backward:
-            return result
-        before_step(trainer, optimizer, automatic)
-        trainer.strategy.optimizer_step(optimizer.optimizer, wrapped)
-        if not automatic:
-            optimizer.clipped = False
-            trainer.global_step += 1
-        return result
-
-    return step
-
-
-def before_step(trainer: Trainer, optimizer: StrategyOptimizer, automatic: bool) -> None:
-    """Right before ``optimizer`` steps: unscale (a loss scaler's), the
-    ``on_before_optimizer_step`` hooks, and (automatic optimization) the clipping."""
-    hooks = trainer._state.hooks
-    assert hooks is not None
-    inner = optimizer.optimizer
-    trainer.strategy.unscale_gradients(inner)
-    for hook in hooks.event("on_before_optimizer_step"):
-        hook(inner)
-    if automatic:
-        _clip(trainer, hooks.module_hook("configure_gradient_clipping"), inner)
-
-
-def _clip(
-    trainer: Trainer, own: Callable[..., Any] | None, optimizer: torch.optim.Optimizer
-) -> None:
-    """The module's ``configure_gradient_clipping`` where it overrides it, else the clipping
-    ``gradient_clip_val``/``gradient_clip_algorithm`` ask for."""
-    if own is not None:
-        own(
-            optimizer,
-            gradient_clip_val=trainer.gradient_clip_val,
-            gradient_clip_algorithm=trainer.gradient_clip_algorithm,
-        )
-        return
-    wrapped = trainer._state.wrapped
-    assert wrapped is not None
-    if trainer.gradient_clip_val is None:
-        return
-    value = float(trainer.gradient_clip_val)
-    if trainer.gradient_clip_algorithm == "value":
-        trainer.strategy.clip_gradients_value(wrapped, optimizer, value)
-    else:
-        trainer.strategy.clip_gradients(wrapped, optimizer, value)
-
-
-class _Closure:
-    """The batch's forward and backward, as the closure an ``optimizer_step`` override
-    gets: each call runs them again (an optimizer such as LBFGS calls it several times)."""
-
-    def __init__(self, epoch: TrainingEpoch, batch: Any, batch_idx: int) -> None:
-        self.epoch, self.batch, self.batch_idx = epoch, batch, batch_idx
-        self.output: Any = None
-        self.ran = False
-
-    def __call__(self) -> torch.Tensor | None:
-        self.output = self.epoch.forward_backward(self.batch, self.batch_idx)
-        self.ran = True
-        return loss_of(self.output)
 
 
 class TrainingEpoch:
@@ -221,7 +111,7 @@ class TrainingEpoch:
         self.unscale = strategy.precision.scaler is not None
         self.rank, self.multi_rank = strategy.global_rank, strategy.world_size > 1
         self.custom_step = self.step_hook is not None or any(
-            _needs_closure(o) for o in state.optimizers
+            needs_closure(o) for o in state.optimizers
         )
         # Where the gradient reduction carries the decision, every backward carries this
         # rank's bits; with one batch per step (no accumulation window to keep) the loop
@@ -430,7 +320,7 @@ class TrainingEpoch:
             for hook in self.before_optimizer_step:
                 hook(optimizer)
             if clipping:
-                _clip(trainer, self.clip_hook, optimizer)
+                clip(trainer, self.clip_hook, optimizer)
             strategy.optimizer_step(optimizer, wrapped)
 
     def custom_optimizer_step(self, batch: Any, batch_idx: int) -> Any:
@@ -440,7 +330,7 @@ class TrainingEpoch:
         Raises:
             ConfigurationError: the override never ran the closure.
         """
-        closure = _Closure(self, batch, batch_idx)
+        closure = Closure(self, batch, batch_idx)
         step = self.step_hook or self.model.optimizer_step
         epoch = self.trainer.current_epoch
         for index, optimizer in enumerate(self.state.step_optimizers):
