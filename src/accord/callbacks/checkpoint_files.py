@@ -7,16 +7,24 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Iterable, Iterator, Mapping
+import string
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import torch
+
+from accord.errors import ConfigurationError
 from accord.loggers.logger import version_directory
 
 if TYPE_CHECKING:
     from accord.trainer.trainer import Trainer
 
 __all__ = [
+    "check_arguments",
+    "format_name",
+    "taken",
     "default_checkpoint_dir",
     "experiment_checkpoint_dirs",
     "finished_checkpoints",
@@ -195,3 +203,96 @@ def _yaml_float(value: float) -> str:
     if math.isinf(value):
         return ".inf" if value > 0 else "-.inf"
     return repr(float(value))
+
+
+def check_arguments(
+    mode: str,
+    save_top_k: int,
+    save_last: bool | str | None,
+    save_on_exception: bool,
+    every_n_epochs: int | None,
+    every_n_train_steps: int | None,
+    train_time_interval: timedelta | None,
+) -> list[str]:
+    """Refuse bad `ModelCheckpoint` arguments; return the save triggers given."""
+    if mode not in ("min", "max"):
+        raise ConfigurationError(f"ModelCheckpoint(mode={mode!r}): use 'min' or 'max'.")
+    if save_top_k < -1:
+        raise ConfigurationError(f"ModelCheckpoint(save_top_k={save_top_k}) must be >= -1.")
+    if save_last not in (None, False, True, "link"):
+        raise ConfigurationError(
+            f"ModelCheckpoint(save_last={save_last!r}): use True, False, None or 'link'."
+        )
+    if save_on_exception:
+        raise ConfigurationError(
+            "ModelCheckpoint(save_on_exception=True) is not supported: a save needs every "
+            "rank, and after an exception on one rank the others cannot take part. Save "
+            "regularly (every_n_train_steps=...) instead; a preemption signal saves a "
+            "checkpoint by itself (Trainer(preemption_signals=...))."
+        )
+    for name, value in (
+        ("every_n_epochs", every_n_epochs),
+        ("every_n_train_steps", every_n_train_steps),
+    ):
+        if value is not None and (isinstance(value, bool) or value < 0):
+            raise ConfigurationError(
+                f"ModelCheckpoint({name}={value!r}) must be an int >= 0 (0: off)."
+            )
+    if train_time_interval is not None and (
+        not isinstance(train_time_interval, timedelta) or train_time_interval.total_seconds() <= 0
+    ):
+        raise ConfigurationError(
+            f"ModelCheckpoint(train_time_interval={train_time_interval!r}) must be a "
+            "positive datetime.timedelta, e.g. timedelta(minutes=30)."
+        )
+    triggers = [
+        name
+        for name, on in (
+            ("every_n_epochs", bool(every_n_epochs)),
+            ("every_n_train_steps", bool(every_n_train_steps)),
+            ("train_time_interval", train_time_interval is not None),
+        )
+        if on
+    ]
+    if len(triggers) > 1:
+        raise ConfigurationError(
+            f"ModelCheckpoint: {' and '.join(triggers)} were both given; pick one trigger "
+            "(use two ModelCheckpoint callbacks to save on both)."
+        )
+    return triggers
+
+
+_CONVERSIONS: dict[str, Callable[[Any], str]] = {"r": repr, "s": str, "a": ascii}
+"""The ``!r``, ``!s`` and ``!a`` of a format field."""
+
+
+def format_name(
+    template: str,
+    metrics: Mapping[str, Any],
+    prefix: str | None,
+    auto_insert_metric_name: bool,
+    *,
+    join: str,
+    equals: str,
+) -> str:
+    """``template`` formatted with ``metrics`` as Lightning formats checkpoint names: each
+    field as ``name=value`` with ``auto_insert_metric_name`` (a field not in ``metrics`` is
+    0), ``prefix`` in front joined with ``join``."""
+    parts: list[str] = []
+    for literal, field, spec, conversion in string.Formatter().parse(template):
+        parts.append(literal)
+        if field is None:
+            continue
+        value = metrics.get(field, torch.tensor(0))
+        if conversion:
+            value = _CONVERSIONS[conversion](value)
+        text = format(value, spec or "")
+        parts.append(f"{field}{equals}{text}" if auto_insert_metric_name else text)
+    name = "".join(parts)
+    return join.join((prefix, name)) if prefix is not None else name
+
+
+def taken(path: str) -> bool:
+    """Whether something (a file, a directory, a link, a broken one too) is at ``path``."""
+    target = Path(path)
+    return target.exists() or target.is_symlink()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import string
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -117,7 +117,7 @@ class ModelCheckpoint(Callback):
         save_on_train_epoch_end: bool | None = None,
         enable_version_counter: bool = True,
     ) -> None:
-        triggers = _check_arguments(
+        triggers = files.check_arguments(
             mode, save_top_k, save_last, save_on_exception, every_n_epochs,
             every_n_train_steps, train_time_interval,
         )  # fmt: skip
@@ -231,20 +231,14 @@ class ModelCheckpoint(Callback):
         auto_insert_metric_name: bool = True,
     ) -> str:
         template = filename or "{epoch}" + self.CHECKPOINT_JOIN_CHAR + "{step}"
-        parts: list[str] = []
-        for literal, field, spec, conversion in string.Formatter().parse(template):
-            parts.append(literal)
-            if field is None:
-                continue
-            value = metrics.get(field, torch.tensor(0))
-            if conversion:
-                value = _CONVERSIONS[conversion](value)
-            text = format(value, spec or "")
-            parts.append(
-                f"{field}{self.CHECKPOINT_EQUALS_CHAR}{text}" if auto_insert_metric_name else text
-            )
-        name = "".join(parts)
-        return self.CHECKPOINT_JOIN_CHAR.join((prefix, name)) if prefix is not None else name
+        return files.format_name(
+            template,
+            metrics,
+            prefix,
+            auto_insert_metric_name,
+            join=self.CHECKPOINT_JOIN_CHAR,
+            equals=self.CHECKPOINT_EQUALS_CHAR,
+        )
 
     def _check_name(self, template: str | None, values: Mapping[str, Any]) -> None:
         """Refuse a name whose fields are not all logged (Lightning would write 0), or that
@@ -285,7 +279,7 @@ class ModelCheckpoint(Callback):
         disk if that is taken (by a file this save does not replace)."""
         path = self.format_checkpoint_name(values, template)
         version = self.STARTING_VERSION
-        while self.enable_version_counter and path not in reusable and _taken(path):
+        while self.enable_version_counter and path not in reusable and files.taken(path):
             path = self.format_checkpoint_name(values, template, ver=version)
             version += 1
         return path
@@ -509,12 +503,7 @@ class ModelCheckpoint(Callback):
             self._remove(trainer, previous)
 
     def _write(self, trainer: Trainer, path: str) -> None:
-        if self.save_weights_only:
-            from accord.trainer.checkpointing import save_checkpoint
-
-            save_checkpoint(trainer, path, weights_only=True)
-        else:
-            trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=self.save_weights_only)
         self._last_checkpoint_saved = path
         if trainer.is_global_zero:
             for logger in trainer.loggers:
@@ -591,72 +580,6 @@ class ModelCheckpoint(Callback):
                 category=UserWarning,
             )
         self.best_model_path = state.get("best_model_path", "")
-
-
-def _check_arguments(
-    mode: str,
-    save_top_k: int,
-    save_last: bool | str | None,
-    save_on_exception: bool,
-    every_n_epochs: int | None,
-    every_n_train_steps: int | None,
-    train_time_interval: timedelta | None,
-) -> list[str]:
-    """Refuse bad `ModelCheckpoint` arguments; return the save triggers given."""
-    if mode not in ("min", "max"):
-        raise ConfigurationError(f"ModelCheckpoint(mode={mode!r}): use 'min' or 'max'.")
-    if save_top_k < -1:
-        raise ConfigurationError(f"ModelCheckpoint(save_top_k={save_top_k}) must be >= -1.")
-    if save_last not in (None, False, True, "link"):
-        raise ConfigurationError(
-            f"ModelCheckpoint(save_last={save_last!r}): use True, False, None or 'link'."
-        )
-    if save_on_exception:
-        raise ConfigurationError(
-            "ModelCheckpoint(save_on_exception=True) is not supported: a save needs every "
-            "rank, and after an exception on one rank the others cannot take part. Save "
-            "regularly (every_n_train_steps=...) instead; a preemption signal saves a "
-            "checkpoint by itself (Trainer(preemption_signals=...))."
-        )
-    for name, value in (
-        ("every_n_epochs", every_n_epochs),
-        ("every_n_train_steps", every_n_train_steps),
-    ):
-        if value is not None and (isinstance(value, bool) or value < 0):
-            raise ConfigurationError(
-                f"ModelCheckpoint({name}={value!r}) must be an int >= 0 (0: off)."
-            )
-    if train_time_interval is not None and (
-        not isinstance(train_time_interval, timedelta) or train_time_interval.total_seconds() <= 0
-    ):
-        raise ConfigurationError(
-            f"ModelCheckpoint(train_time_interval={train_time_interval!r}) must be a "
-            "positive datetime.timedelta, e.g. timedelta(minutes=30)."
-        )
-    triggers = [
-        name
-        for name, on in (
-            ("every_n_epochs", bool(every_n_epochs)),
-            ("every_n_train_steps", bool(every_n_train_steps)),
-            ("train_time_interval", train_time_interval is not None),
-        )
-        if on
-    ]
-    if len(triggers) > 1:
-        raise ConfigurationError(
-            f"ModelCheckpoint: {' and '.join(triggers)} were both given; pick one trigger "
-            "(use two ModelCheckpoint callbacks to save on both)."
-        )
-    return triggers
-
-
-_CONVERSIONS: dict[str, Callable[[Any], str]] = {"r": repr, "s": str, "a": ascii}
-"""The ``!r``, ``!s`` and ``!a`` of a format field."""
-
-
-def _taken(path: str) -> bool:
-    target = Path(path)
-    return target.exists() or target.is_symlink()
 
 
 def _tensor_or_none(value: Any) -> torch.Tensor | None:
