@@ -318,3 +318,17 @@ def test_all_gather_stacks_every_ranks_data_through_the_strategy() -> None:
         # d/dx_r of sum over ranks of (rank' + 1) * sum(stacked) = 1 + 2.
         assert grad == [3.0]
         assert nested == [[0, 1], [2, 2]]
+
+
+def test_lightning_1_epoch_end_hooks_are_refused_with_the_way_forward(tmp_path: Path) -> None:
+    class Old(LinearModel):
+        def validation_epoch_end(self, outputs: Any) -> None:
+            pass
+
+    with pytest.raises(ConfigurationError, match="on_validation_epoch_end hook instead"):
+        _trainer(tmp_path, max_steps=1).fit(Old(), loader(8), loader(8))
+
+
+def test_a_validation_step_without_a_loader_says_no_validation_runs(tmp_path: Path) -> None:
+    with pytest.warns(UserWarning, match="no validation loader"):
+        _trainer(tmp_path, max_steps=1).fit(LinearModel(), loader(8))

@@ -15,11 +15,19 @@ __all__ = [
     "TRAINER_NAMES_NOT_PROVIDED",
 ]
 
+_REMOVED_IN_2 = (
+    "Lightning removed it in 2.0 and accord never had it: use the on_{0} hook instead, "
+    "and keep the step outputs you need in an attribute of the module."
+)
+
 REFUSED_MODULE_NAMES: dict[str, str] = {
     "configure_sharded_model": (
         "it is Lightning's deprecated name of configure_model; rename the method to "
         "configure_model."
     ),
+    "training_epoch_end": _REMOVED_IN_2.format("train_epoch_end"),
+    "validation_epoch_end": _REMOVED_IN_2.format("validation_epoch_end"),
+    "test_epoch_end": _REMOVED_IN_2.format("test_epoch_end"),
 }
 """`Module` hooks a module may not override: the Trainer refuses the module when a run
 starts, with the reason."""

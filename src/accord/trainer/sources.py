@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from lightning_utilities.core.rank_zero import rank_zero_warn
+
 from accord.datamodule import DataModule, warn_unused_val_loader
 from accord.errors import ConfigurationError
 from accord.module import Module
@@ -115,6 +117,13 @@ def fit_sources(
     if val_source is not None and not overridden(model, Module, "validation_step"):
         warn_unused_val_loader(model)
         val_source = None
+    elif val_source is None and overridden(model, Module, "validation_step"):
+        rank_zero_warn(
+            f"{type(model).__name__} defines validation_step() but this fit has no validation "
+            "loader, so no validation runs. Pass val_dataloaders= (or define "
+            "val_dataloader()) to validate.",
+            category=UserWarning,
+        )
     return train_source, val_source
 
 
