@@ -68,6 +68,7 @@ PUBLIC_MODULES = (
     "accord.seed",
     "accord.testing",
     "accord.errors",
+    "accord.imports",
 )
 SUBMODULES = (
     "accord.engines.torch.collective",

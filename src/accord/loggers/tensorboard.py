@@ -8,7 +8,7 @@ from typing import Any
 
 from typing_extensions import override
 
-from accord.errors import MissingDependencyError
+from accord.imports import require
 from accord.loggers.logger import Logger
 
 __all__ = ["TensorBoardLogger"]
@@ -29,12 +29,7 @@ class TensorBoardLogger(Logger):
     def __init__(
         self, save_dir: str | Path = ".", name: str = "logs", version: int | None = None
     ) -> None:
-        try:
-            import tensorboard  # noqa: F401
-        except ImportError:
-            raise MissingDependencyError(
-                "TensorBoardLogger", "tensorboard", "tensorboard"
-            ) from None
+        require("tensorboard", "TensorBoardLogger")
         super().__init__(save_dir, name, version)
         self._writer: Any = None
 

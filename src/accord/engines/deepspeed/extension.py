@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from accord.engines.deepspeed.collective import import_deepspeed
 from accord.errors import CollectiveError, ConfigurationError, MissingDependencyError
+from accord.imports import import_optional
 
 __all__ = [
     "DEFAULT_LOCK_TIMEOUT",
@@ -126,17 +126,17 @@ def shm_extension_build() -> ExtensionBuild | None:
     Raises:
         MissingDependencyError: deepspeed is not installed.
     """
-    accelerator = import_deepspeed("deepspeed.accelerator", feature=_FEATURE).get_accelerator()
+    accelerator = import_optional("deepspeed.accelerator", _FEATURE).get_accelerator()
     builder: Any = accelerator.create_op_builder(_BUILDER)
     if builder is None:
         return None
     # The same tests as DeepSpeed's build_shm_op (in its torch communication backend) and
     # OpBuilder.load.
-    ops = import_deepspeed("deepspeed.ops", feature=_FEATURE)
+    ops = import_optional("deepspeed.ops", _FEATURE)
     compatible: dict[str, bool] = ops.__compatible_ops__
     if not compatible.get(builder.NAME, False):
         return None
-    installed = import_deepspeed("deepspeed.git_version_info", feature=_FEATURE)
+    installed = import_optional("deepspeed.git_version_info", _FEATURE)
     if installed.installed_ops.get(builder.name, False) and (
         installed.accelerator_name == accelerator._name
     ):
@@ -216,7 +216,7 @@ def build_shm_extension() -> ExtensionBuild | None:
     """
     build = prepare_shm_extension(announce=True)
     if build is not None:
-        accelerator = import_deepspeed("deepspeed.accelerator", feature=_FEATURE).get_accelerator()
+        accelerator = import_optional("deepspeed.accelerator", _FEATURE).get_accelerator()
         accelerator.create_op_builder(_BUILDER).load()
     return build
 

@@ -38,7 +38,7 @@ from accord.core.step_module import StepModule
 from accord.engines.deepspeed import zero3
 from accord.engines.deepspeed.checkpoint import consolidate_deepspeed_checkpoint
 from accord.engines.deepspeed.checkpointing import DeepSpeedCheckpoints
-from accord.engines.deepspeed.collective import DeepSpeedCollective, require_deepspeed
+from accord.engines.deepspeed.collective import DeepSpeedCollective
 from accord.engines.deepspeed.config import (
     build_config,
     evaluation_config,
@@ -49,6 +49,7 @@ from accord.engines.deepspeed.engine import initialize_engine, require_process_g
 from accord.engines.deepspeed.precision import DeepSpeedPrecision
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
+from accord.imports import require
 from accord.precision import Precision, PrecisionMode
 
 __all__ = ["DeepSpeedPrecision", "DeepSpeedStrategy", "consolidate_deepspeed_checkpoint"]
@@ -110,7 +111,7 @@ class DeepSpeedStrategy(DeepSpeedCheckpoints):
         debug: bool = False,
         **config_entries: Any,
     ) -> None:
-        require_deepspeed("DeepSpeedStrategy")
+        require("deepspeed", "DeepSpeedStrategy")
         super().__init__(
             accelerator,
             parallel_devices,

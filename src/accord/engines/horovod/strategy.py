@@ -51,7 +51,7 @@ from typing_extensions import override
 from accord.accelerators.accelerator import Accelerator
 from accord.core.collective import Collective
 from accord.core.parallel import ParallelStrategy
-from accord.engines.horovod.collective import HorovodCollective, require_horovod
+from accord.engines.horovod.collective import HorovodCollective
 from accord.engines.horovod.dtypes import BFloat16AsFloat32
 from accord.engines.horovod.environment import HorovodEnvironment, launched_by_horovod
 from accord.engines.horovod.optimizer import (
@@ -61,6 +61,7 @@ from accord.engines.horovod.optimizer import (
 )
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
+from accord.imports import require
 from accord.precision import Precision
 
 __all__ = ["BFloat16AsFloat32", "HorovodStrategy", "launched_by_horovod"]
@@ -107,7 +108,7 @@ class HorovodStrategy(ParallelStrategy):
         debug: bool = False,
         **optimizer_kwargs: Any,
     ) -> None:
-        require_horovod("HorovodStrategy")
+        require("horovod", "HorovodStrategy")
         super().__init__(
             accelerator,
             parallel_devices,

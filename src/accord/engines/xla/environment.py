@@ -6,8 +6,8 @@ import os
 
 from typing_extensions import override
 
-from accord.engines.xla.collective import TORCH_XLA_AVAILABLE, require_torch_xla
 from accord.environments.cluster_environment import ClusterEnvironment
+from accord.imports import TORCH_XLA_AVAILABLE, require
 
 __all__ = ["XLAEnvironment"]
 
@@ -31,7 +31,7 @@ class XLAEnvironment(ClusterEnvironment):
     """
 
     def __init__(self) -> None:
-        require_torch_xla("XLAEnvironment")
+        require("torch_xla", "XLAEnvironment")
         self._world_size = 1
         self._global_rank = 0
 

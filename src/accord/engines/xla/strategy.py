@@ -43,11 +43,11 @@ from accord.core.one_device import OneDeviceStrategy
 from accord.core.parallel import ParallelStrategy
 from accord.engines.xla.accelerator import XLAAccelerator
 from accord.engines.xla.base import GradientSync, XLAStrategyBase
-from accord.engines.xla.collective import require_torch_xla
 from accord.engines.xla.environment import XLAEnvironment
 from accord.engines.xla.launcher import XLALauncher
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
+from accord.imports import require
 from accord.precision import Precision
 
 __all__ = ["SingleDeviceXLAStrategy", "XLAStrategy"]
@@ -96,7 +96,7 @@ class XLAStrategy(XLAStrategyBase, ParallelStrategy):
         failure_grace: float = 5.0,
         debug: bool = False,
     ) -> None:
-        require_torch_xla("strategy='xla'")
+        require("torch_xla", "strategy='xla'")
         if gradient_sync not in ("native", "collective"):
             raise ConfigurationError(
                 f"gradient_sync={gradient_sync!r}: use 'native' or 'collective'."
@@ -192,7 +192,7 @@ class SingleDeviceXLAStrategy(XLAStrategyBase, OneDeviceStrategy):
         *,
         debug: bool = False,
     ) -> None:
-        require_torch_xla("strategy='single_xla'")
+        require("torch_xla", "strategy='single_xla'")
         super().__init__(
             _xla_accelerator(accelerator), collective, cluster_environment, precision, debug=debug
         )
