@@ -69,6 +69,7 @@ PUBLIC_MODULES = (
     "accord.testing",
     "accord.errors",
     "accord.imports",
+    "accord.log",
 )
 SUBMODULES = (
     "accord.engines.torch.collective",

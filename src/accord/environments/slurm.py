@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
 import subprocess
-import sys
 
 from typing_extensions import override
 
@@ -14,6 +14,8 @@ from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
 
 __all__ = ["SLURMEnvironment"]
+
+_log = logging.getLogger(__name__)
 
 
 class SLURMEnvironment(ClusterEnvironment):
@@ -172,11 +174,7 @@ def _int_variable(name: str, default: int) -> int:
 
 
 def _requeue_failed(reason: str) -> bool:
-    print(
-        f"[accord] SLURMEnvironment: the job was not requeued: {reason}.",
-        file=sys.stderr,
-        flush=True,
-    )
+    _log.warning("SLURMEnvironment: the job was not requeued: %s.", reason)
     return False
 
 

@@ -17,9 +17,9 @@ names it, and a younger one (a build in progress elsewhere) is waited for, with 
 
 from __future__ import annotations
 
+import logging
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +39,8 @@ __all__ = [
     "prepare_shm_extension",
     "shm_extension_build",
 ]
+
+_log = logging.getLogger(__name__)
 
 LOCK_TIMEOUT_ENV_VAR = "ACCORD_EXTENSION_LOCK_TIMEOUT"
 """Seconds after which an extension's build lock counts as left behind by a killed build."""
@@ -160,7 +162,7 @@ def prepare_extension_build(
 
     Args:
         build: the extension's build.
-        announce: print the notices (on stderr): true on rank zero only.
+        announce: log the notices (at INFO, `accord.log`): true on rank zero only.
         stale_after: seconds after which a lock counts as left behind; default:
             `lock_timeout()`.
 
@@ -174,16 +176,16 @@ def prepare_extension_build(
         if age > timeout:
             raise CollectiveError(_stale_message(build, age, timeout))
         if announce and not waiting:
-            _notice(
-                f"accord: waiting for another process to finish building DeepSpeed's "
+            _log.info(
+                f"waiting for another process to finish building DeepSpeed's "
                 f"{build.name} extension in {build.directory} (it holds {build.lock}, "
                 f"{age:.0f} s old, refused at {timeout:g} s; if no build is running, delete it)"
             )
         waiting = True
         time.sleep(_POLL_SECONDS)
     if announce and not build.is_built:
-        _notice(
-            f"accord: compiling DeepSpeed's {build.name} extension into {build.directory}; "
+        _log.info(
+            f"compiling DeepSpeed's {build.name} extension into {build.directory}; "
             "this takes 1-2 minutes (more on a busy machine), once for this directory "
             "(TORCH_EXTENSIONS_DIR)"
         )
@@ -193,7 +195,7 @@ def prepare_shm_extension(*, announce: bool) -> ExtensionBuild | None:
     """`prepare_extension_build` for DeepSpeed's shared-memory extension, if it is built here.
 
     Args:
-        announce: print the notices: true on rank zero only.
+        announce: log the notices: true on rank zero only.
 
     Returns:
         The build, or None when DeepSpeed will not compile the extension here.
@@ -237,10 +239,6 @@ def _stale_message(build: ExtensionBuild, age: float, timeout: float) -> str:
         f"and torch would wait for it forever. Once no other DeepSpeed run is building it, delete "
         f"it (rm '{build.lock}') and run again."
     )
-
-
-def _notice(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def main() -> None:

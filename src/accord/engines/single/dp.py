@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
+from lightning_utilities.core.rank_zero import WarningCache
 from torch import nn
 from typing_extensions import override
 
@@ -19,7 +19,8 @@ from accord.precision import Precision
 
 __all__ = ["DPStrategy"]
 
-_warned_cpu = False
+# Each warning once per process, however many fits run in it.
+_WARNINGS = WarningCache()
 
 
 class DPStrategy(Strategy):
@@ -58,17 +59,14 @@ class DPStrategy(Strategy):
 
     @override
     def setup_module(self, module: nn.Module) -> nn.Module:
-        global _warned_cpu
         module = super().setup_module(module)
         if self.root_device.type != "cuda":
-            if not _warned_cpu:
-                _warned_cpu = True
-                warnings.warn(
-                    "strategy='dp' on CPU runs one replica: DataParallel only splits batches "
-                    "across CUDA devices. Use strategy='ddp' to train with several CPU processes.",
-                    UserWarning,
-                    stacklevel=2,
-                )
+            _WARNINGS.warn(
+                "strategy='dp' on CPU runs one replica: DataParallel only splits batches "
+                "across CUDA devices. Use strategy='ddp' to train with several CPU processes.",
+                category=UserWarning,
+                stacklevel=6,  # the caller of setup_module, past WarningCache's own frames
+            )
             return nn.DataParallel(StepModule(module), device_ids=[])
         ids = [device.index for device in self.parallel_devices if device.index is not None]
         return nn.DataParallel(StepModule(module), device_ids=ids, output_device=ids[0])
