@@ -43,22 +43,22 @@ class Collective(ABC):
     `_recv_`, `_gather_into`, `_scatter_into`, `_all_to_all_into`) raise
     `NotImplementedError` naming the backend unless overridden.
 
-    ``all_reduce(..., async_op=True)`` works on every subclass. A subclass that overrides
-    `_all_reduce_` without `_all_reduce_async_` gets the synchronous fallback (its own
-    `_all_reduce_` runs at the call), so an inherited asynchronous primitive never bypasses
-    it; a subclass whose ``all_reduce`` override takes no ``async_op`` has it adapted: with
-    ``async_op=True`` the override runs at the call and its result comes back as a completed
-    `CollectiveHandle`.
+    ``all_reduce(..., async_op=True)`` works on every subclass, however its overrides are
+    composed (on the class itself, a base or a mixin): when a class is created, the methods
+    it will really run are looked up through its MRO. If its `_all_reduce_` comes from a
+    class before the one its `_all_reduce_async_` comes from, it gets the synchronous
+    fallback (that `_all_reduce_` runs at the call), so an inherited asynchronous primitive
+    never bypasses an override. If the ``all_reduce`` it runs takes no ``async_op``, it is
+    adapted: with ``async_op=True`` the override runs at the call and its result comes back
+    as a completed `CollectiveHandle`.
     """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        own = cls.__dict__
-        if "_all_reduce_" in own and "_all_reduce_async_" not in own:
+        if _order(cls, "_all_reduce_") < _order(cls, "_all_reduce_async_"):
             cls._all_reduce_async_ = Collective._all_reduce_async_  # type: ignore[method-assign]
-        method = own.get("all_reduce")
-        if callable(method) and not _takes_async_op(method):
-            cls.all_reduce = _adapt_sync_all_reduce(method)  # type: ignore[method-assign]
+        if not _takes_async_op(cls.all_reduce):
+            cls.all_reduce = _adapt_sync_all_reduce(cls.all_reduce)  # type: ignore[method-assign]
 
     backend_name: ClassVar[str] = "collective"
     """Human-readable backend name used in error messages."""
@@ -507,6 +507,11 @@ class Collective(ABC):
                 f"{role}={rank!r} is not a rank of this group; use an int in "
                 f"[0, {self.world_size - 1}]."
             )
+
+
+def _order(cls: type, name: str) -> int:
+    """The position in ``cls``'s MRO of the class whose own ``name`` it runs."""
+    return next(i for i, owner in enumerate(cls.__mro__) if name in vars(owner))
 
 
 def _takes_async_op(method: Callable[..., Any]) -> bool:

@@ -8,7 +8,7 @@ arguments or the ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` environ
 group meets on one store per process (`init_group_on_shared_store`); ``teardown()``
 destroys only what ``setup()`` created, and is idempotent. With ``ACCORD_COLLECTIVE_TIMEOUT``
 set, a group ``setup()`` creates times its ops out after that many seconds, and a backend
-timeout inside an op is raised as `CollectiveTimeoutError` (`backend_timeouts`). A subclass supplies its
+timeout inside an op is raised as `CollectiveTimeoutError` (`BackendTimeouts`). A subclass supplies its
 primitives and, where its engine needs them, the hooks `_prepare`, `_join`,
 `_init_with_method` and `_destroy`.
 
@@ -47,7 +47,6 @@ __all__ = [
     "Rendezvous",
     "as_timedelta",
     "BackendTimeouts",
-    "backend_timeouts",
     "byte_view",
     "timeout_from_env",
 ]
@@ -127,12 +126,6 @@ class BackendTimeouts:
             op=self.op,
             rank=self.rank,
         ) from err
-
-
-def backend_timeouts(op: str, rank: int, timeout: timedelta) -> BackendTimeouts:
-    """A `BackendTimeouts` for ``op`` on ``rank``: a backend timeout inside it becomes
-    `CollectiveTimeoutError` naming ``op``."""
-    return BackendTimeouts(op, rank, timeout)
 
 
 def as_timedelta(timeout: timedelta | float | None) -> timedelta:

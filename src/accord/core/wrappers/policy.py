@@ -13,8 +13,9 @@ import os
 from accord.core.collective import Collective
 from accord.core.process_group import TIMEOUT_ENV_VAR, timeout_from_env
 from accord.core.wrappers.debug import DebugCollective
-from accord.core.wrappers.recorder import TRACE_DIR_ENV_VAR, RecordingCollective
+from accord.core.wrappers.recorder import RecordingCollective
 from accord.core.wrappers.stats import CollectiveStats, InstrumentedCollective
+from accord.core.wrappers.trace_files import TRACE_DIR_ENV_VAR
 from accord.core.wrappers.watchdog import WatchdogCollective
 from accord.core.wrappers.wrapper import CollectiveWrapper
 from accord.errors import ConfigurationError

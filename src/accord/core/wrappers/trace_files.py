@@ -3,7 +3,7 @@
 Holds the environment settings (``ACCORD_TRACE_DIR``, ``ACCORD_TRACE_CAPACITY``) and the
 dump format constants, `trace_dir` and `dump_path` (where a rank's dump goes),
 `merge_timeline` (every rank's records as one Chrome trace) and the atomic JSON writer they
-share. Re-exported from `accord.core.wrappers.recorder`.
+share.
 """
 
 from __future__ import annotations
