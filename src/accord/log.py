@@ -24,12 +24,15 @@ the whole job shares to one rank.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import os
 import sys
 from typing import Any, TextIO
 
 from lightning_utilities.core.rank_zero import rank_zero_only
+
+from accord.core.env_vars import env_number
+from accord.errors import ConfigurationError
 
 __all__ = ["LOGGER_NAME", "rank_zero_debug", "rank_zero_info", "rank_zero_warning"]
 
@@ -66,11 +69,13 @@ class _UntilConfigured(logging.StreamHandler):  # type: ignore[type-arg]
 
 
 def _rank_from_environment() -> int:
-    """This process's global rank as its launcher's variables say, before a strategy knows."""
+    """This process's global rank as its launcher's variables say, before a strategy knows
+    (a malformed one is reported where it is used, not here)."""
     for name in _RANK_VARIABLES:
-        raw = os.environ.get(name, "").strip()
-        if raw.isdigit():
-            return int(raw)
+        with contextlib.suppress(ConfigurationError):
+            rank = env_number(name, int, None)
+            if rank is not None:
+                return rank
     return 0
 
 

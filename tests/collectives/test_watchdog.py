@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from accord.collectives import Collective, SingleDeviceCollective, TorchCollective
-from accord.core.wrappers.policy import TIMEOUT_ENV_VAR, maybe_watchdog
+from accord.core.timeouts import TIMEOUT_ENV_VAR
+from accord.core.wrappers.policy import maybe_watchdog
 from accord.core.wrappers.watchdog import WatchdogCollective
 from accord.errors import (
     CollectiveError,

@@ -12,12 +12,8 @@ import pytest
 import torch
 
 from accord.collectives import TorchCollective
-from accord.core.process_group import (
-    TIMEOUT_ENV_VAR,
-    BackendTimeouts,
-    ProcessGroupCollective,
-    timeout_from_env,
-)
+from accord.core.process_group import ProcessGroupCollective
+from accord.core.timeouts import TIMEOUT_ENV_VAR, BackendTimeouts, timeout_from_env
 from accord.core.wrappers.policy import wrap_collective
 from accord.core.wrappers.wrapper import unwrap
 from accord.errors import CollectiveError, CollectiveTimeoutError, ConfigurationError

@@ -10,6 +10,7 @@ import subprocess
 
 from typing_extensions import override
 
+from accord.core.env_vars import env_number
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
 
@@ -161,16 +162,9 @@ _STEP_STRIDE = 4099
 
 
 def _int_variable(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigurationError(
-            f"{name}={raw!r} is not an integer; SLURM sets it. Unset it, or start the job "
-            "with srun."
-        ) from None
+    return env_number(
+        name, int, default, hint="SLURM sets it. Unset it, or start the job with srun"
+    )
 
 
 def _requeue_failed(reason: str) -> bool:

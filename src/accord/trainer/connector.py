@@ -3,13 +3,12 @@ arguments into one configured `Strategy`, or an error that says what to pass ins
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from accord.accelerators.accelerator import Accelerator, DevicesLike
 from accord.accelerators.cpu import CPUAccelerator
 from accord.accelerators.registry import accelerator_from_name
+from accord.core.env_vars import env_number
 from accord.core.one_device import OneDeviceStrategy
 from accord.core.parallel import ParallelStrategy
 from accord.core.strategy import Strategy
@@ -34,7 +33,7 @@ def detect_cluster_environment() -> ClusterEnvironment:
 
 
 def _distributed_requested(num_devices: int, num_nodes: int, env: ClusterEnvironment) -> bool:
-    external = not isinstance(env, LocalEnvironment) and int(os.environ.get("WORLD_SIZE", 1)) > 1
+    external = not isinstance(env, LocalEnvironment) and env_number("WORLD_SIZE", int, 1) > 1
     return num_devices > 1 or num_nodes > 1 or external
 
 

@@ -34,6 +34,7 @@ import torch
 from typing_extensions import override
 
 from accord.core.collective import Collective, CollectiveHandle
+from accord.core.env_vars import env_number
 from accord.core.wrappers.call_record import CallRecord, _call_site, _state_of
 from accord.core.wrappers.trace_files import (
     _DUMP_VERSION,
@@ -240,7 +241,7 @@ class RecordingCollective(CollectiveWrapper):
                 watchdog timeout names as missing).
             directory: where to write (default: ``directory``, else `trace_dir`).
         """
-        rank = self._inner.rank if self._inner.is_setup else int(os.environ.get("RANK", "0"))
+        rank = self._inner.rank if self._inner.is_setup else env_number("RANK", int, 0)
         world_size = self._inner.world_size if self._inner.is_setup else None
         folder = Path(directory) if directory is not None else trace_dir(self.directory)
         anchor = time.time() - time.perf_counter()

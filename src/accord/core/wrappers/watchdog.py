@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from typing_extensions import Self, override
 
 from accord.core.collective import Collective
-from accord.core.process_group import as_timedelta
 from accord.core.rendezvous import listen_on_loopback
+from accord.core.timeouts import as_timedelta
 from accord.core.wrappers.recorder import leave_trace
 from accord.core.wrappers.wrapper import CallSite, CollectiveWrapper, OpCall, call_site
 from accord.errors import (

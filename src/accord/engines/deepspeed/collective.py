@@ -18,8 +18,10 @@ from typing import Any, ClassVar
 import torch
 from typing_extensions import override
 
+from accord.core.buffers import byte_view
 from accord.core.collective import ReduceOp
-from accord.core.process_group import ProcessGroupCollective, Rendezvous, byte_view
+from accord.core.process_group import ProcessGroupCollective
+from accord.core.rendezvous_address import Rendezvous
 from accord.imports import import_optional, require
 
 __all__ = ["DeepSpeedCollective"]

@@ -18,14 +18,13 @@ names it, and a younger one (a build in progress elsewhere) is waited for, with 
 from __future__ import annotations
 
 import logging
-import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from accord.errors import CollectiveError, ConfigurationError, MissingDependencyError
+from accord.core.env_vars import env_number
+from accord.errors import CollectiveError, MissingDependencyError
 from accord.imports import import_optional
 
 __all__ = [
@@ -104,19 +103,14 @@ def lock_timeout() -> float:
     Raises:
         ConfigurationError: the variable is not a positive number of seconds.
     """
-    raw = os.environ.get(LOCK_TIMEOUT_ENV_VAR, "").strip()
-    if not raw:
-        return DEFAULT_LOCK_TIMEOUT
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = math.nan
-    if not seconds > 0:
-        raise ConfigurationError(
-            f"{LOCK_TIMEOUT_ENV_VAR}={raw!r} is not a positive number of seconds; unset it "
-            f"for the default ({DEFAULT_LOCK_TIMEOUT:.0f} s)."
-        )
-    return seconds
+    return env_number(
+        LOCK_TIMEOUT_ENV_VAR,
+        float,
+        DEFAULT_LOCK_TIMEOUT,
+        positive=True,
+        unit="seconds",
+        hint=f"unset it for the default ({DEFAULT_LOCK_TIMEOUT:.0f} s)",
+    )
 
 
 def shm_extension_build() -> ExtensionBuild | None:

@@ -24,26 +24,16 @@ import torch
 from torch.overrides import has_torch_function_unary
 from typing_extensions import Self, override
 
+from accord.core.buffers import byte_view
 from accord.core.collective import ReduceOp
-from accord.core.process_group import (
-    DEFAULT_TIMEOUT,
-    ProcessGroupCollective,
-    byte_view,
-)
-from accord.core.rendezvous import DEFAULT_RENDEZVOUS_TIMEOUT, rendezvous_timeout
+from accord.core.process_group import ProcessGroupCollective
 from accord.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = [
-    "DEFAULT_RENDEZVOUS_TIMEOUT",
-    "DEFAULT_TIMEOUT",
-    "TorchCollective",
-    "default_torch_backend",
-    "rendezvous_timeout",
-]
+__all__ = ["TorchCollective", "default_torch_backend"]
 
 
 def default_torch_backend(device: torch.device | None = None) -> str:

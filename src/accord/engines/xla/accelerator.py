@@ -8,6 +8,7 @@ import torch
 from typing_extensions import override
 
 from accord.accelerators.accelerator import Accelerator
+from accord.core.env_vars import env_number
 from accord.errors import ConfigurationError, MissingDependencyError
 from accord.imports import import_problem, require
 
@@ -57,7 +58,7 @@ class XLAAccelerator(Accelerator):
             from torch_xla._internal import tpu
 
             return int(tpu.num_available_devices())
-        return int(os.environ.get("CPU_NUM_DEVICES", "1"))
+        return env_number("CPU_NUM_DEVICES", int, 1)
 
     @override
     def get_parallel_devices(self, devices: list[int]) -> list[torch.device]:

@@ -6,6 +6,7 @@ import os
 
 from typing_extensions import override
 
+from accord.core.env_vars import env_number
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.imports import TORCH_XLA_AVAILABLE, require
 
@@ -56,7 +57,7 @@ class XLAEnvironment(ClusterEnvironment):
     @property
     @override
     def main_port(self) -> int:
-        return int(os.environ.get("XLA_COORDINATOR_PORT", _DEFAULT_COORDINATOR_PORT))
+        return env_number("XLA_COORDINATOR_PORT", int, _DEFAULT_COORDINATOR_PORT)
 
     @staticmethod
     @override
