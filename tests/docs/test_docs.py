@@ -73,12 +73,15 @@ PUBLIC_MODULES = (
 )
 SUBMODULES = (
     "accord.engines.torch.collective",
+    "accord.engines.torch.topology",
     "accord.engines.deepspeed.collective",
     "accord.engines.deepspeed.extension",
     "accord.engines.horovod.collective",
     "accord.engines.xla.collective",
     "accord.core.wrappers.wrapper",
     "accord.core.wrappers.debug",
+    "accord.core.wrappers.debug_fingerprint",
+    "accord.core.wrappers.debug_fold",
     "accord.core.wrappers.stats",
     "accord.core.wrappers.watchdog",
     "accord.core.wrappers.policy",
