@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from types import ModuleType
@@ -101,7 +102,8 @@ def _package(name: str) -> OptionalPackage:
 
 
 def require(package: str, feature: str) -> None:
-    """Raise unless ``package`` is installed in a version accord supports; imports nothing.
+    """Raise unless ``package`` is installed in a version accord supports and can be found;
+    imports nothing.
 
     Args:
         package: an optional package's import name (a key of `OPTIONAL_PACKAGES`).
@@ -113,19 +115,30 @@ def require(package: str, feature: str) -> None:
             the supported range; the message names ``feature`` and the extra to install.
     """
     entry = _package(package)
-    if entry.available:
+    if entry.available and _findable(package):
         return
     requirement = entry.available.requirement or package
     try:
         installed = version(package)
     except PackageNotFoundError:
-        raise MissingDependencyError(feature, package, entry.extra) from None
+        installed = None
+    if installed is None or not _findable(package):
+        raise MissingDependencyError(feature, package, entry.extra)
     raise MissingDependencyError(
         feature,
         package,
         entry.extra,
         reason=f"is installed in version {installed}, but accord supports `{requirement}`",
     )
+
+
+def _findable(package: str) -> bool:
+    """Whether the import system finds ``package`` (without importing it): its files may be
+    gone although its metadata is not, or ``sys.modules`` may hide it."""
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def import_optional(module: str, feature: str) -> ModuleType:

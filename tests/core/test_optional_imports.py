@@ -94,3 +94,9 @@ def test_checking_a_package_imports_nothing() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_a_package_hidden_from_imports_counts_as_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "tensorboard", None)
+    with pytest.raises(MissingDependencyError, match="which is not installed"):
+        require("tensorboard", "TensorBoardLogger")
