@@ -97,6 +97,7 @@ SUBMODULES = (
     "accord.engines.horovod.optimizer",
     "accord.engines.xla.base",
     "accord.core.checkpointing",
+    "accord.core.communication",
     "accord.core.run_settings",
     "accord.core.process_group",
     "accord.core.timeouts",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any, Literal, get_args
 
 import torch
@@ -10,6 +11,7 @@ from typing_extensions import override
 from accord.accelerators.accelerator import Accelerator
 from accord.core.collective import Collective
 from accord.core.strategy import Strategy
+from accord.core.timeouts import DEFAULT_TIMEOUT
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
 from accord.launchers.multiprocessing import MultiprocessingLauncher
@@ -32,6 +34,11 @@ class ParallelStrategy(Strategy):
             SLURM): ``"popen"`` re-runs the script once per rank; ``"spawn"``, ``"fork"`` and
             ``"forkserver"`` start them with `multiprocessing`. Strategies whose engine
             starts its own processes ignore it.
+        process_group_backend: the torch.distributed backend of the default collective
+            (``"gloo"``, ``"nccl"``, ...; default: the engine's choice for the device), for
+            the strategies whose collective runs on a process group (DDP, FSDP, DeepSpeed).
+        timeout: seconds (or a timedelta) a collective op may wait for the other ranks
+            (default: `accord.core.timeouts.DEFAULT_TIMEOUT`, 30 minutes).
         accelerator, collective, cluster_environment, precision, debug: as `Strategy`.
 
     Raises:
@@ -41,16 +48,24 @@ class ParallelStrategy(Strategy):
     def __init__(
         self,
         accelerator: Accelerator | None = None,
+        *,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
         collective: Collective | None = None,
         precision: Precision | None = None,
         num_nodes: int = 1,
-        *,
         start_method: StartMethod = "popen",
+        process_group_backend: str | None = None,
+        timeout: float | timedelta = DEFAULT_TIMEOUT,
         debug: bool = False,
     ) -> None:
-        super().__init__(accelerator, collective, cluster_environment, precision, debug=debug)
+        super().__init__(
+            accelerator,
+            collective=collective,
+            cluster_environment=cluster_environment,
+            precision=precision,
+            debug=debug,
+        )
         if start_method not in get_args(StartMethod):
             raise ConfigurationError(
                 f"start_method={start_method!r} is not one of "
@@ -59,6 +74,25 @@ class ParallelStrategy(Strategy):
         self.parallel_devices = parallel_devices
         self.num_nodes = num_nodes
         self.start_method: StartMethod = start_method
+        self.process_group_backend = process_group_backend
+        self.timeout = timeout
+
+    @override
+    def configure_devices(
+        self, devices: list[torch.device], num_nodes: int, environment: ClusterEnvironment
+    ) -> None:
+        """One process per device on each of ``num_nodes`` machines; refuse a job the
+        cluster environment cannot form (`validate_cluster`), then set the ranks.
+
+        Raises:
+            ConfigurationError: the cluster environment cannot form this job.
+        """
+        super().configure_devices(devices, num_nodes, environment)
+        self.validate_cluster(len(devices), num_nodes)
+        if self.parallel_devices is None:
+            self.parallel_devices = devices
+        self.num_nodes = num_nodes
+        self.configure_ranks()
 
     @override
     def configure_launcher(self) -> None:

@@ -96,12 +96,12 @@ class HorovodStrategy(ParallelStrategy):
     def __init__(
         self,
         accelerator: Accelerator | None = None,
+        *,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
         collective: Collective | None = None,
         precision: Precision | None = None,
         num_nodes: int = 1,
-        *,
         backward_passes_per_step: int | None = None,
         compression: Any = None,
         gradient_predivide_factor: float = 1.0,
@@ -111,11 +111,13 @@ class HorovodStrategy(ParallelStrategy):
         require("horovod", "HorovodStrategy")
         super().__init__(
             accelerator,
-            parallel_devices,
-            cluster_environment if cluster_environment is not None else HorovodEnvironment(),
-            collective,
-            precision,
-            num_nodes,
+            parallel_devices=parallel_devices,
+            cluster_environment=(
+                cluster_environment if cluster_environment is not None else HorovodEnvironment()
+            ),
+            collective=collective,
+            precision=precision,
+            num_nodes=num_nodes,
             debug=debug,
         )
         if backward_passes_per_step is not None and (

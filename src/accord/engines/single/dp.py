@@ -15,6 +15,7 @@ from accord.core.step_module import StepModule
 from accord.core.strategy import Strategy
 from accord.engines.single.collective import SingleDeviceCollective
 from accord.environments.cluster_environment import ClusterEnvironment
+from accord.errors import ConfigurationError
 from accord.precision import Precision
 
 __all__ = ["DPStrategy"]
@@ -38,19 +39,42 @@ class DPStrategy(Strategy):
     def __init__(
         self,
         accelerator: Accelerator | None = None,
+        *,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
         collective: Collective | None = None,
         precision: Precision | None = None,
-        *,
         debug: bool = False,
     ) -> None:
-        super().__init__(accelerator, collective, cluster_environment, precision, debug=debug)
+        super().__init__(
+            accelerator,
+            collective=collective,
+            cluster_environment=cluster_environment,
+            precision=precision,
+            debug=debug,
+        )
         self.parallel_devices = parallel_devices or [torch.device("cpu")]
 
     @override
     def default_collective(self) -> Collective:
         return SingleDeviceCollective()
+
+    @override
+    def configure_devices(
+        self, devices: list[torch.device], num_nodes: int, environment: ClusterEnvironment
+    ) -> None:
+        """Replicate over this machine's devices.
+
+        Raises:
+            ConfigurationError: more than one node.
+        """
+        if num_nodes > 1:
+            raise ConfigurationError(
+                "strategy='dp' (DataParallel) runs in one process on one machine, but "
+                f"num_nodes={num_nodes}. Use strategy='ddp' for several machines."
+            )
+        self.parallel_devices = devices
+        super().configure_devices(devices, num_nodes, environment)
 
     @property
     @override

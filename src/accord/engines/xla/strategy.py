@@ -85,12 +85,12 @@ class XLAStrategy(XLAStrategyBase, ParallelStrategy):
     def __init__(
         self,
         accelerator: Accelerator | None = None,
+        *,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
         collective: Collective | None = None,
         precision: Precision | None = None,
         num_nodes: int = 1,
-        *,
         gradient_sync: GradientSync = "native",
         sync_module_states: bool = True,
         failure_grace: float = 5.0,
@@ -103,11 +103,13 @@ class XLAStrategy(XLAStrategyBase, ParallelStrategy):
             )
         super().__init__(
             _xla_accelerator(accelerator),
-            parallel_devices,
-            cluster_environment if cluster_environment is not None else XLAEnvironment(),
-            collective,
-            precision,
-            num_nodes,
+            parallel_devices=parallel_devices,
+            cluster_environment=(
+                cluster_environment if cluster_environment is not None else XLAEnvironment()
+            ),
+            collective=collective,
+            precision=precision,
+            num_nodes=num_nodes,
             debug=debug,
         )
         self.gradient_sync = gradient_sync
@@ -185,16 +187,20 @@ class SingleDeviceXLAStrategy(XLAStrategyBase, OneDeviceStrategy):
     def __init__(
         self,
         device: torch.device | str | int = "xla",
+        *,
         accelerator: Accelerator | None = None,
         collective: Collective | None = None,
         cluster_environment: ClusterEnvironment | None = None,
         precision: Precision | None = None,
-        *,
         debug: bool = False,
     ) -> None:
         require("torch_xla", "strategy='single_xla'")
         super().__init__(
-            _xla_accelerator(accelerator), collective, cluster_environment, precision, debug=debug
+            _xla_accelerator(accelerator),
+            collective=collective,
+            cluster_environment=cluster_environment,
+            precision=precision,
+            debug=debug,
         )
         self.device = (
             torch.device("xla", device) if isinstance(device, int) else torch.device(device)
