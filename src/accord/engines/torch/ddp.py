@@ -61,9 +61,10 @@ class DDPStrategy(ParallelStrategy):
             where a backward often reaches only some parameters (a GAN's generator step
             leaves the discriminator's frozen by ``toggle_optimizer``).
         **ddp_kwargs: passed to `DistributedDataParallel`.
-        accelerator, parallel_devices, cluster_environment, collective, precision, num_nodes,
-            process_group_backend, timeout, debug: as `ParallelStrategy` (the backend's
-            default: nccl on CUDA, gloo otherwise).
+        process_group_backend, timeout: as `ParallelStrategy` (the backend's default: nccl
+            on CUDA, gloo otherwise).
+        accelerator, parallel_devices, cluster_environment, collective, precision, num_nodes, debug:
+            as `ParallelStrategy`.
     """
 
     def __init__(

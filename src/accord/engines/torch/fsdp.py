@@ -67,9 +67,10 @@ class FSDPStrategy(_FSDPState):
             processes on one node.
         state_dict_type: ``"sharded"`` or ``"full"``: how checkpoints are written
             (`accord.engines.torch.fsdp_checkpoint`). Loading accepts both kinds.
-        accelerator, parallel_devices, cluster_environment, precision, num_nodes,
-            process_group_backend, timeout, debug: as `ParallelStrategy` (the backend's
-            default: nccl on CUDA, gloo otherwise).
+        process_group_backend, timeout: as `ParallelStrategy` (the backend's default: nccl
+            on CUDA, gloo otherwise).
+        accelerator, parallel_devices, cluster_environment, precision, num_nodes, debug:
+            as `ParallelStrategy`.
         collective: a `TorchCollective` or a subclass (wrapped or not); FSDP shards over
             the device mesh it builds, on its process group.
 
