@@ -203,8 +203,19 @@ class RecordingDDP(DDPStrategy):
         return RecordingTorch("gloo")
 
 
-def _fit_with_mixin(rank: int, world_size: int) -> dict[str, Any]:
-    strategy = RecordingDDP(gradient_sync="collective")
+class AsksForEngineTraffic(RecordingTorch):
+    """A collective that wants every byte an engine sends, as a debug check does."""
+
+    @property
+    def wants_engine_traffic(self) -> bool:
+        return True
+
+
+def _fit_with_mixin(rank: int, world_size: int, how: str) -> dict[str, Any]:
+    if how == "collective_sync":
+        strategy: DDPStrategy = RecordingDDP(gradient_sync="collective")
+    else:  # native sync, but the collective asks for the engine's traffic
+        strategy = DDPStrategy(collective=AsksForEngineTraffic("gloo"))
     model = LinearModel()
     trainer = accord.Trainer(
         strategy=strategy,
@@ -225,8 +236,9 @@ def _fit_with_mixin(rank: int, world_size: int) -> dict[str, Any]:
     }
 
 
-def test_an_override_from_a_mixin_sees_every_gradient_bucket() -> None:
-    results = run_distributed(_fit_with_mixin, 2, timeout=120)
+@pytest.mark.parametrize("how", ["collective_sync", "collective_asks"])
+def test_an_override_from_a_mixin_sees_every_gradient_bucket(how: str) -> None:
+    results = run_distributed(_fit_with_mixin, 2, how, timeout=120)
     steps = results[0]["steps"]
     for result in results:
         # One gradient bucket per step here, each through the mixin's all_reduce.

@@ -6,9 +6,6 @@ this base class turns them into the public operations and keeps every promise of
 contract on every backend: inputs are never modified, results land on the input's device or
 in a caller-owned ``out=`` tensor (`accord.core.buffers`), ``mean`` of an integer tensor is
 a float (`accord.core.reduce_op`), objects travel as pickled bytes (`accord.core.objects`).
-
-``all_reduce(..., async_op=True)`` returns a `CollectiveHandle` at once: a backend with an
-asynchronous form overrides `_all_reduce_async_`; on any other the handle is complete.
 """
 
 from __future__ import annotations
@@ -28,9 +25,6 @@ from accord.core.reduce_op import OP_SPELLINGS, ReduceOp, ReduceOpLike, reduce_d
 from accord.errors import CollectiveNotSetupError
 
 __all__ = ["Collective", "CollectiveHandle", "ReduceOp", "ReduceOpLike"]
-
-# The tensor ops that have a form for Python objects (``broadcast_object``, ...).
-_OBJECT_OPS = ("broadcast", "all_gather")
 
 
 class Collective(ABC):
@@ -90,6 +84,12 @@ class Collective(ABC):
     def object_device(self) -> torch.device:
         """Device on which pickled objects travel (CPU unless the backend needs another)."""
         return torch.device("cpu")
+
+    @property
+    def wants_engine_traffic(self) -> bool:
+        """Whether traffic an engine sends itself should go through these ops instead (DDP's
+        gradient buckets); True where a wrapper checks every call (`DebugCollective`)."""
+        return False
 
     # ---------------------------------------------------------------- primitives
     @abstractmethod
@@ -427,7 +427,8 @@ class Collective(ABC):
 
     def _check_ready(self, op: str, tensor: Any) -> None:
         if not isinstance(tensor, torch.Tensor):
-            objects = f", or use {op}_object for Python objects" if op in _OBJECT_OPS else ""
+            has_object_form = op in ("broadcast", "all_gather")
+            objects = f", or use {op}_object for Python objects" if has_object_form else ""
             raise TypeError(
                 f"{op} expects a torch.Tensor, got {type(tensor).__name__}. Wrap the value "
                 f"with torch.tensor(...){objects}."

@@ -1,9 +1,16 @@
-"""`ParallelStrategy`: the shared base of strategies that run one process per device."""
+"""`ParallelStrategy`: the shared base of strategies that run one process per device.
+
+Which launcher starts a node's ranks depends on the start method (re-run the script, or a
+`multiprocessing` method); the launchers themselves live above the core, in
+`accord.launchers`, which registers one per start method in `START_METHOD_LAUNCHERS` when it
+is imported (``import accord`` does).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import torch
 from typing_extensions import override
@@ -14,14 +21,22 @@ from accord.core.strategy import Strategy
 from accord.core.timeouts import DEFAULT_TIMEOUT
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
-from accord.launchers.multiprocessing import MultiprocessingLauncher
-from accord.launchers.subprocess_script import SubprocessScriptLauncher
 from accord.precision import Precision
 
-__all__ = ["ParallelStrategy", "StartMethod"]
+if TYPE_CHECKING:
+    from accord.launchers.launcher import Launcher
+
+__all__ = ["START_METHOD_LAUNCHERS", "LauncherFactory", "ParallelStrategy", "StartMethod"]
 
 StartMethod = Literal["popen", "spawn", "fork", "forkserver"]
 """How accord starts the local ranks: re-run the script (``popen``) or a multiprocessing method."""
+
+LauncherFactory = Callable[[ClusterEnvironment, int, int, str], "Launcher"]
+"""Builds a start method's launcher from the cluster environment, the processes per node,
+the number of nodes and the start method."""
+
+START_METHOD_LAUNCHERS: dict[str, LauncherFactory] = {}
+"""The launcher of each start method, registered by `accord.launchers`."""
 
 
 class ParallelStrategy(Strategy):
@@ -99,12 +114,14 @@ class ParallelStrategy(Strategy):
         env = self.cluster_environment
         if env is None or env.creates_processes_externally:
             self._launcher = None
-        elif self.start_method == "popen":
-            self._launcher = SubprocessScriptLauncher(env, self.num_processes, self.num_nodes)
-        else:
-            self._launcher = MultiprocessingLauncher(
-                env, self.num_processes, self.start_method, self.num_nodes
+            return
+        factory = START_METHOD_LAUNCHERS.get(self.start_method)
+        if factory is None:
+            raise ConfigurationError(
+                f"No launcher is registered for start_method={self.start_method!r}: import "
+                "accord.launchers (import accord does) before configuring the strategy."
             )
+        self._launcher = factory(env, self.num_processes, self.num_nodes, self.start_method)
 
     @property
     def launches_own_processes(self) -> bool:

@@ -17,7 +17,6 @@ from lightning_utilities.core.rank_zero import rank_zero_only
 from torch import nn
 
 from accord.accelerators.accelerator import Accelerator
-from accord.accelerators.cpu import CPUAccelerator
 from accord.core.buffers import move_to_device
 from accord.core.checkpointing import StrategyCheckpointing
 from accord.core.collective import Collective
@@ -232,8 +231,8 @@ class Strategy(StrategyCommunication, StrategyCheckpointing):
 
     def setup_environment(self) -> None:
         """Prepare the device and set the collective up (create or join the group)."""
-        accelerator = self.accelerator or CPUAccelerator()
-        accelerator.setup_device(self.root_device)
+        if self.accelerator is not None:  # a strategy used without a Trainer may have none
+            self.accelerator.setup_device(self.root_device)
         self.collective.setup(**self.collective_setup_kwargs())
         # lightning_utilities' rank_zero_* helpers print on this process's global rank.
         rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]

@@ -106,6 +106,12 @@ class DebugCollective(CollectiveWrapper):
         self._place: tuple[int, int, tuple[CollectiveWrapper, ...], CheckBuffer] | None = None
 
     @property
+    @override
+    def wants_engine_traffic(self) -> bool:
+        """True: an engine's own traffic (DDP's gradient buckets) is checked like any call."""
+        return True
+
+    @property
     def calls_checked(self) -> int:
         """How many group operations this rank has called through this collective."""
         return self._calls

@@ -4,8 +4,9 @@ DDP's reducer runs on the process group of the strategy's `TorchCollective`
 (`TorchCollective.process_group`, reached through any debug, statistics or watchdog
 wrappers), so a collective on a sub-group averages gradients within the sub-group.
 With ``gradient_sync="collective"`` every gradient bucket goes through the collective's
-own ``all_reduce`` instead; in debug mode (a `DebugCollective` among the wrappers) too, so
-the debug check fingerprints the gradient traffic along with the user's collectives.
+own ``all_reduce`` instead; so do they wherever the collective asks for an engine's own
+traffic (`Collective.wants_engine_traffic`: debug mode), so the debug check fingerprints
+the gradient traffic along with the user's collectives.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from accord.core.collective import Collective
 from accord.core.parallel import ParallelStrategy, StartMethod
 from accord.core.step_module import StepModule
 from accord.core.timeouts import DEFAULT_TIMEOUT
-from accord.core.wrappers.debug import DebugCollective
 from accord.core.wrappers.policy import has_layer
 from accord.engines.torch.collective import TorchCollective, default_torch_backend
 from accord.environments.cluster_environment import ClusterEnvironment
@@ -145,7 +145,7 @@ class DDPStrategy(ParallelStrategy):
             process_group=self.process_group,
             **kwargs,
         )
-        if self.gradient_sync == "collective" or has_layer(self.collective, DebugCollective):
+        if self.gradient_sync == "collective" or self.collective.wants_engine_traffic:
             wrapped.register_comm_hook(self.collective, _ddp_gradient_bucket_hook)
         return wrapped
 
