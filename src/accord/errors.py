@@ -6,6 +6,7 @@ Every message says what happened and what to do about it.
 from __future__ import annotations
 
 import difflib
+import functools
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -40,16 +41,32 @@ MisconfigurationError = ConfigurationError
 
 
 class MissingDependencyError(AccordError, ImportError):
-    """An optional package a feature needs is not installed."""
+    """An optional package a feature needs is not installed (or not in a supported version,
+    or does not import); `accord.imports.require` raises it.
 
-    def __init__(self, feature: str, package: str, extra: str) -> None:
+    Args:
+        feature: what needs the package.
+        package: the package's import name.
+        extra: accord's pip extra that installs it.
+        reason: what is wrong with it, after "which" (default: it is not installed).
+    """
+
+    def __init__(
+        self, feature: str, package: str, extra: str, *, reason: str = "is not installed"
+    ) -> None:
         super().__init__(
-            f"{feature} needs the `{package}` package, which is not installed. "
+            f"{feature} needs the `{package}` package, which {reason}. "
             f"Install it with `pip install 'accord[{extra}]'`."
         )
         self.feature = feature
         self.package = package
         self.extra = extra
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A rank's error travels to the launching process pickled.
+        rebuild = functools.partial(type(self), reason=self.reason)
+        return (rebuild, (self.feature, self.package, self.extra))
 
 
 class CollectiveError(AccordError, RuntimeError):

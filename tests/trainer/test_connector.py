@@ -13,7 +13,7 @@ import pytest
 
 import accord
 from accord.collectives import TorchCollective
-from accord.engines.torch.collective import DEFAULT_RENDEZVOUS_TIMEOUT, rendezvous_timeout
+from accord.core.rendezvous import DEFAULT_RENDEZVOUS_TIMEOUT, rendezvous_timeout
 from accord.environments.local import find_free_port
 from accord.errors import CollectiveTimeoutError, ConfigurationError
 from accord.precision import PrecisionMode

@@ -35,7 +35,7 @@ from accord.callbacks import Callback, EarlyStopping, LearningRateMonitor, Model
 from accord.loggers import CSVLogger
 """
 
-# The reference run gets the pause at exit that accord's processes take (accord.core.lending,
+# The reference run gets the pause at exit that accord's processes take (accord.core.backend_threads,
 # EXIT_SETTLE_SECONDS): without it a Lightning DDP rank can abort after a run that succeeded
 # ("terminate called without an active exception"), when a gloo worker drops the autograd
 # context it kept from a backward pass as the interpreter finalizes.

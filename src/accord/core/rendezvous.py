@@ -23,7 +23,8 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from accord.errors import CollectiveError, CollectiveTimeoutError, ConfigurationError
+from accord.core.env_vars import env_number
+from accord.errors import CollectiveError, CollectiveTimeoutError
 
 __all__ = [
     "DEFAULT_RENDEZVOUS_TIMEOUT",
@@ -52,18 +53,8 @@ def rendezvous_timeout() -> timedelta:
     Raises:
         ConfigurationError: the variable is not a positive number.
     """
-    raw = os.environ.get(RENDEZVOUS_TIMEOUT_ENV_VAR)
-    if raw is None or not raw.strip():
-        return DEFAULT_RENDEZVOUS_TIMEOUT
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise ConfigurationError(
-            f"{RENDEZVOUS_TIMEOUT_ENV_VAR}={raw!r} must be a positive number of seconds."
-        )
-    return timedelta(seconds=seconds)
+    seconds = env_number(RENDEZVOUS_TIMEOUT_ENV_VAR, float, None, positive=True, unit="seconds")
+    return DEFAULT_RENDEZVOUS_TIMEOUT if seconds is None else timedelta(seconds=seconds)
 
 
 def listen_on_loopback(address: str, port: int) -> int | None:

@@ -19,11 +19,10 @@ from lightning_utilities.core.rank_zero import rank_zero_only
 from torch import nn
 
 from accord.accelerators.accelerator import Accelerator
-from accord.accelerators.cpu import CPUAccelerator
-from accord.core.autograd import all_gather_with_grad
-from accord.core.buffers import all_gather_uneven, move_to_device
+from accord.core.buffers import move_to_device
 from accord.core.checkpointing import StrategyCheckpointing
-from accord.core.collective import Collective, ReduceOpLike
+from accord.core.collective import Collective
+from accord.core.communication import StrategyCommunication
 from accord.core.run_settings import RunSettings
 from accord.core.sync_batchnorm import convert_sync_batchnorm
 from accord.core.wrappers.policy import wrap_collective
@@ -46,7 +45,7 @@ _C = TypeVar("_C", bound=Collective)
 _NO_CONTEXT = contextlib.nullcontext()
 
 
-class Strategy(StrategyCheckpointing):
+class Strategy(StrategyCommunication, StrategyCheckpointing):
     """Base class of every strategy.
 
     Args:
@@ -67,10 +66,10 @@ class Strategy(StrategyCheckpointing):
     def __init__(
         self,
         accelerator: Accelerator | None = None,
+        *,
         collective: Collective | None = None,
         cluster_environment: ClusterEnvironment | None = None,
         precision: Precision | None = None,
-        *,
         debug: bool = False,
     ) -> None:
         self.accelerator = accelerator
@@ -221,6 +220,21 @@ class Strategy(StrategyCheckpointing):
         return None
 
     # ----------------------------------------------------------------- lifecycle
+    def configure_devices(
+        self, devices: list[torch.device], num_nodes: int, environment: ClusterEnvironment
+    ) -> None:
+        """Take the devices the Trainer's ``devices=`` names on this machine, its
+        ``num_nodes=``, and the cluster environment it detected (kept unless one was given).
+
+        Each kind of strategy refuses what it cannot train on here, before any process
+        starts.
+
+        Raises:
+            ConfigurationError: a device count this strategy cannot train on.
+        """
+        if self.cluster_environment is None:
+            self.cluster_environment = environment
+
     def configure_launcher(self) -> None:
         """Decide `launcher`; called once the Trainer has filled in devices and environment."""
 
@@ -230,8 +244,8 @@ class Strategy(StrategyCheckpointing):
 
     def setup_environment(self) -> None:
         """Prepare the device and set the collective up (create or join the group)."""
-        accelerator = self.accelerator or CPUAccelerator()
-        accelerator.setup_device(self.root_device)
+        if self.accelerator is not None:  # a strategy used without a Trainer may have none
+            self.accelerator.setup_device(self.root_device)
         self.collective.setup(**self.collective_setup_kwargs())
         # lightning_utilities' rank_zero_* helpers print on this process's global rank.
         rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]
@@ -421,80 +435,6 @@ class Strategy(StrategyCheckpointing):
     def unwrap(self, module: nn.Module) -> nn.Module:
         """The user's module inside whatever wrapper `setup_module` added."""
         return module
-
-    # ------------------------------------------------------------- communication
-    def reduce(self, tensor: torch.Tensor | float, op: ReduceOpLike = "mean") -> torch.Tensor:
-        """Reduce ``tensor`` (or a number) over all ranks; the input is not modified."""
-        if not isinstance(tensor, torch.Tensor):
-            tensor = torch.tensor(tensor, device=self.root_device)
-        return self.collective.all_reduce(tensor, op)
-
-    def broadcast(self, obj: T, src: int = 0) -> T:
-        """Return rank ``src``'s ``obj`` on every rank.
-
-        A tensor travels as a tensor and must have the same shape and dtype on every rank;
-        anything else is pickled.
-        """
-        if isinstance(obj, torch.Tensor):
-            return self.collective.broadcast(obj, src)  # type: ignore[return-value]
-        return self.collective.broadcast_object(obj, src)  # type: ignore[no-any-return]
-
-    def all_gather(
-        self, tensor: torch.Tensor, *, even: bool = False, sync_grads: bool = False
-    ) -> torch.Tensor:
-        """Concatenate every rank's ``tensor`` along dim 0, in rank order.
-
-        First dimensions may differ between ranks (the tensors are padded to the longest,
-        gathered, and trimmed); the other dimensions and the dtype must agree. A 0-d
-        tensor counts as one element, so scalars gather to shape ``[world_size]``. Pass
-        ``even=True`` when every rank's shape is known to be the same: it skips the
-        exchange of lengths, so the gather is a single collective call. With
-        ``sync_grads`` (``even`` only) the result carries gradients back to each rank's
-        ``tensor``.
-
-        Raises:
-            ConfigurationError: ``sync_grads`` without ``even``.
-        """
-        if not sync_grads:
-            return all_gather_uneven(self.collective.all_gather, tensor, even=even)
-        if not even:
-            raise ConfigurationError(
-                "all_gather(sync_grads=True) needs tensors of one shape on every rank (even=True)."
-            )
-        stacked = all_gather_with_grad(self.collective, tensor.reshape(tensor.shape or (1,)))
-        return stacked.reshape(-1, *stacked.shape[2:])
-
-    def gather_collective_stats(self) -> list[dict[str, dict[str, float]]]:
-        """Every rank's `collective_stats` summary, in rank order (every rank must call it).
-
-        Gathered on the collective inside the statistics wrapper, so the report does not
-        count itself.
-        """
-        summary = self.collective_stats.summary() if self.collective_stats is not None else {}
-        gathered: list[dict[str, dict[str, float]]] = self.base_collective.all_gather_object(
-            summary
-        )
-        return gathered
-
-    def barrier(self, name: str | None = None) -> None:
-        """Wait until every rank arrives."""
-        self.collective.barrier(name)
-
-    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
-        """Agree on one boolean across ranks, with a single ``all_reduce(sum)``.
-
-        Every rank contributes its ``decision`` as a one-element integer tensor and gets
-        the same answer, so no rank leaves a loop on its own while the others wait.
-
-        With ``all=True`` the result is True only when every rank said True; with
-        ``all=False`` it is True when any rank did. Example: EarlyStopping on 4 ranks where
-        only rank 2 wants to stop — ``all=True`` gives False on every rank, ``all=False``
-        gives True on every rank.
-        """
-        collective = self.collective
-        vote = torch.tensor([1 if decision else 0], dtype=torch.int32, device=self.root_device)
-        total = int(collective.all_reduce(vote, "sum", out=vote).item())
-        return total == collective.world_size if all else total > 0
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(collective={type(self.collective).__name__})"

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from accord.core.env_vars import env_number
+
 if TYPE_CHECKING:
     from accord.environments.cluster_environment import ClusterEnvironment
 
@@ -69,9 +71,8 @@ def threads_per_process(processes: int) -> int:
 
     An ``OMP_NUM_THREADS`` the user set wins.
     """
-    if "OMP_NUM_THREADS" in os.environ:
-        return max(1, int(os.environ["OMP_NUM_THREADS"]))
-    return max(1, (os.cpu_count() or 1) // max(1, processes))
+    default = (os.cpu_count() or 1) // max(1, processes)
+    return max(1, env_number("OMP_NUM_THREADS", int, default))
 
 
 def rank_environment(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import _thread
 import atexit
+import logging
 import os
 import signal
 import subprocess
@@ -37,6 +38,8 @@ from accord.errors import (
 from accord.launchers.launcher import Launcher, SignalForwarder, rank_environment
 
 __all__ = ["SubprocessScriptLauncher"]
+
+_log = logging.getLogger(__name__)
 
 _PARENT_ENV = "ACCORD_PARENT_PID"
 _POLL_SECONDS = 0.2
@@ -176,11 +179,11 @@ class SubprocessScriptLauncher(Launcher):
                 return self._failure
             self._failure = failure
         local_rank, code = failure
-        print(
-            f"[accord] local rank {local_rank} {_how(code)}; stopping the other ranks "
-            "(its traceback, if it raised, is printed above).",
-            file=sys.stderr,
-            flush=True,
+        _log.error(
+            "local rank %d %s; stopping the other ranks (its traceback, if it raised, is "
+            "printed above).",
+            local_rank,
+            _how(code),
         )
         return failure
 
@@ -271,19 +274,18 @@ class SubprocessScriptLauncher(Launcher):
                 child.wait()
                 if reported:
                     continue
-                print(
-                    f"[accord] local rank {local_rank} was still running {self.failure_grace:g} "
-                    "s after rank 0 finished; it was killed.",
-                    file=sys.stderr,
-                    flush=True,
+                _log.warning(
+                    "local rank %d was still running %g s after rank 0 finished; it was killed.",
+                    local_rank,
+                    self.failure_grace,
                 )
                 continue
             if not reported and code not in (0, PREEMPTED_EXIT_CODE):
-                print(
-                    f"[accord] local rank {local_rank} {_how(code)} as it exited, after rank 0 "
-                    "had finished; its output above says why.",
-                    file=sys.stderr,
-                    flush=True,
+                _log.warning(
+                    "local rank %d %s as it exited, after rank 0 had finished; its output "
+                    "above says why.",
+                    local_rank,
+                    _how(code),
                 )
 
 

@@ -13,7 +13,8 @@ from lightning_utilities.core.rank_zero import rank_zero_warn
 from typing_extensions import override
 
 from accord.core.buffers import move_to_device
-from accord.errors import ConfigurationError, MissingDependencyError
+from accord.errors import ConfigurationError
+from accord.imports import require
 from accord.loggers.logger import Logger, add_prefix
 
 __all__ = ["TensorBoardLogger"]
@@ -57,12 +58,7 @@ class TensorBoardLogger(Logger):
         sub_dir: str | Path | None = None,
         **kwargs: Any,
     ) -> None:
-        try:
-            import tensorboard  # noqa: F401
-        except ImportError:
-            raise MissingDependencyError(
-                "TensorBoardLogger", "tensorboard", "tensorboard"
-            ) from None
+        require("tensorboard", "TensorBoardLogger")
         super().__init__(save_dir, name, version)
         self._log_graph = log_graph
         self._default_hp_metric = default_hp_metric

@@ -11,17 +11,17 @@ from __future__ import annotations
 import os
 
 from accord.core.collective import Collective
-from accord.core.process_group import TIMEOUT_ENV_VAR, timeout_from_env
+from accord.core.timeouts import timeout_from_env
 from accord.core.wrappers.debug import DebugCollective
-from accord.core.wrappers.recorder import TRACE_DIR_ENV_VAR, RecordingCollective
+from accord.core.wrappers.recorder import RecordingCollective
 from accord.core.wrappers.stats import CollectiveStats, InstrumentedCollective
+from accord.core.wrappers.trace_files import TRACE_DIR_ENV_VAR
 from accord.core.wrappers.watchdog import WatchdogCollective
 from accord.core.wrappers.wrapper import CollectiveWrapper
 from accord.errors import ConfigurationError
 
 __all__ = [
     "DEBUG_ENV_VAR",
-    "TIMEOUT_ENV_VAR",
     "has_layer",
     "maybe_debug",
     "maybe_record",
@@ -124,7 +124,7 @@ def maybe_record(collective: Collective, *, debug: bool = False) -> Collective:
         wanted = os.environ.get(DEBUG_ENV_VAR, "").strip().lower() not in _OFF
     if not wanted:
         try:
-            wanted = float(os.environ.get(TIMEOUT_ENV_VAR, "").strip() or 0) > 0
-        except ValueError:
+            wanted = timeout_from_env() is not None
+        except ConfigurationError:
             wanted = False  # maybe_watchdog says what is wrong with the value
     return RecordingCollective(collective) if wanted else collective

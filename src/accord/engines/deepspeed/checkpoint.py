@@ -35,7 +35,7 @@ from accord.checkpoint_io import (
 )
 from accord.compiled import module_names
 from accord.core.strategy import Strategy
-from accord.engines.deepspeed import reading, staging, whole
+from accord.engines.deepspeed import reading, staging, zero_partitions
 from accord.engines.deepspeed.safe_load import (
     check_tag_files,
     safe_engine_loads,
@@ -193,7 +193,7 @@ def load_for_engine(
         return checkpoint
     states = checkpoint.get("optimizer_states", [])
     for state in states:
-        whole.put_optimizer_state(engine, state, rank, source)
+        zero_partitions.put_optimizer_state(engine, state, rank, source)
     checkpoint["optimizer_states"] = [EngineState() for _ in states]
     return checkpoint
 
@@ -256,7 +256,7 @@ def read_deepspeed_whole(path: Path, weights_only: bool = True) -> dict[str, Any
     Registered with `accord.checkpoint_io`, so DDP, one device and FSDP resume from it. Its
     ``state_dict`` holds the full fp32 weights under the user's module's names; its one
     optimizer state is every rank's partition (ZeRO-1, 2 or 3) merged into a plain
-    ``optimizer.state_dict()`` (`accord.engines.deepspeed.whole`). With ``weights_only``
+    ``optimizer.state_dict()`` (`accord.engines.deepspeed.zero_partitions`). With ``weights_only``
     (the default) nothing in the directory can run code.
 
     Raises:
@@ -273,7 +273,8 @@ def read_deepspeed_whole(path: Path, weights_only: bool = True) -> dict[str, Any
     weights = reading.consolidate(path, tag)
     checkpoint["state_dict"] = strip_step_prefix(weights) if _CLIENT_KEY in states else weights
     optimizers = [
-        reading.load_file(file, weights_only) for file in whole.optimizer_files(path / tag)
+        reading.load_file(file, weights_only)
+        for file in zero_partitions.optimizer_files(path / tag)
     ]
     try:
         partitions = [loaded["optimizer_state_dict"] for loaded in optimizers]
@@ -282,7 +283,9 @@ def read_deepspeed_whole(path: Path, weights_only: bool = True) -> dict[str, Any
         key = "optimizer_state_dict" if stage >= 3 else "base_optimizer_state"
         base = [partition[key] for partition in partitions]
         merge = (
-            whole.merge_zero3_optimizer_states if stage >= 3 else whole.merge_zero_optimizer_states
+            zero_partitions.merge_zero3_optimizer_states
+            if stage >= 3
+            else zero_partitions.merge_zero_optimizer_states
         )
         merged = merge(states["param_shapes"], base, path)
     except (KeyError, TypeError, IndexError) as err:

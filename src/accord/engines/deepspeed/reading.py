@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 from accord.compiled import plain_names
-from accord.engines.deepspeed.collective import import_deepspeed
 from accord.engines.deepspeed.safe_load import load_deepspeed_file
 from accord.errors import CheckpointError
+from accord.imports import import_optional
 
 __all__ = ["checkpoint_tag", "consolidate", "load_file", "load_model_states", "read_latest"]
 
@@ -32,8 +32,8 @@ def read_latest(directory: Path) -> str | None:
 def consolidate(directory: Path, tag: str) -> dict[str, Any]:
     """The tag's full fp32 weights, merged from every rank's shards, under plain names
     (`accord.compiled.plain_names`)."""
-    zero_to_fp32 = import_deepspeed(
-        "deepspeed.utils.zero_to_fp32", feature="consolidate_deepspeed_checkpoint"
+    zero_to_fp32 = import_optional(
+        "deepspeed.utils.zero_to_fp32", "consolidate_deepspeed_checkpoint"
     )
     try:
         state = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=tag)

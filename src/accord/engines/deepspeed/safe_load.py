@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from accord.engines.deepspeed.collective import import_deepspeed
 from accord.errors import CheckpointError
+from accord.imports import import_optional
 
 __all__ = [
     "check_tag_files",
@@ -47,9 +47,9 @@ def deepspeed_safe_globals() -> list[Any]:
     calls nothing else.
     """
     feature = "reading DeepSpeed checkpoints"
-    scaler = import_deepspeed("deepspeed.runtime.fp16.loss_scaler", feature=feature)
-    zero_config = import_deepspeed("deepspeed.runtime.zero.config", feature=feature)
-    fragment = import_deepspeed("deepspeed.utils.tensor_fragment", feature=feature)
+    scaler = import_optional("deepspeed.runtime.fp16.loss_scaler", feature)
+    zero_config = import_optional("deepspeed.runtime.zero.config", feature)
+    fragment = import_optional("deepspeed.utils.tensor_fragment", feature)
     return [
         scaler.LossScaler,
         scaler.DynamicLossScaler,

@@ -37,10 +37,11 @@ from accord.core.collective import Collective
 from accord.core.parallel import StartMethod
 from accord.core.run_settings import RunSettings
 from accord.core.step_module import StepModule
+from accord.core.timeouts import DEFAULT_TIMEOUT
 from accord.engines.deepspeed import zero3
 from accord.engines.deepspeed.checkpoint import consolidate_deepspeed_checkpoint
 from accord.engines.deepspeed.checkpointing import DeepSpeedCheckpoints
-from accord.engines.deepspeed.collective import DeepSpeedCollective, require_deepspeed
+from accord.engines.deepspeed.collective import DeepSpeedCollective
 from accord.engines.deepspeed.config import (
     build_config,
     evaluation_config,
@@ -51,6 +52,7 @@ from accord.engines.deepspeed.engine import initialize_engine, require_process_g
 from accord.engines.deepspeed.precision import DeepSpeedPrecision
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
+from accord.imports import require
 from accord.precision import Precision, PrecisionMode
 
 __all__ = ["DeepSpeedPrecision", "DeepSpeedStrategy", "consolidate_deepspeed_checkpoint"]
@@ -73,9 +75,8 @@ class DeepSpeedStrategy(DeepSpeedCheckpoints):
         config: a complete DeepSpeed config, as a dict or the path of a JSON file. Pass
             either ``config`` or ``stage``/``offload_*``/keyword entries, not both.
         start_method: ``"popen"``, ``"spawn"``, ``"fork"`` or ``"forkserver"``, as `DDPStrategy`.
-        process_group_backend: the torch.distributed backend of the `DeepSpeedCollective`
-            (default: gloo on CPU, the accelerator's own otherwise).
-        timeout: seconds a collective may wait for the other ranks.
+        process_group_backend, timeout: as `ParallelStrategy`, for the `DeepSpeedCollective`
+            (the backend's default: gloo on CPU, the accelerator's own otherwise).
         **config_entries: more top-level DeepSpeed config entries, e.g.
             ``optimizer={"type": "Adam", "params": {"lr": 1e-3}}`` or
             ``zero_optimization={"overlap_comm": False}`` (merged with ``stage``).
@@ -96,35 +97,35 @@ class DeepSpeedStrategy(DeepSpeedCheckpoints):
     def __init__(
         self,
         accelerator: Accelerator | None = None,
+        *,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
         collective: Collective | None = None,
         precision: Precision | None = None,
         num_nodes: int = 1,
-        *,
         stage: int | None = None,
         offload_optimizer: bool = False,
         offload_parameters: bool = False,
         config: dict[str, Any] | str | Path | None = None,
         start_method: StartMethod = "popen",
         process_group_backend: str | None = None,
-        timeout: float | timedelta = 1800.0,
+        timeout: float | timedelta = DEFAULT_TIMEOUT,
         debug: bool = False,
         **config_entries: Any,
     ) -> None:
-        require_deepspeed("DeepSpeedStrategy")
+        require("deepspeed", "DeepSpeedStrategy")
         super().__init__(
             accelerator,
-            parallel_devices,
-            cluster_environment,
-            collective,
-            precision,
-            num_nodes,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            collective=collective,
+            precision=precision,
+            num_nodes=num_nodes,
             start_method=start_method,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
             debug=debug,
         )
-        self.process_group_backend = process_group_backend
-        self.timeout = timeout
         self.config = build_config(
             stage, offload_optimizer, offload_parameters, config, config_entries
         )

@@ -52,7 +52,7 @@ from typing_extensions import override
 from accord.accelerators.accelerator import Accelerator
 from accord.core.collective import Collective
 from accord.core.parallel import ParallelStrategy
-from accord.engines.horovod.collective import HorovodCollective, require_horovod
+from accord.engines.horovod.collective import HorovodCollective
 from accord.engines.horovod.dtypes import BFloat16AsFloat32
 from accord.engines.horovod.environment import HorovodEnvironment, launched_by_horovod
 from accord.engines.horovod.optimizer import (
@@ -62,6 +62,7 @@ from accord.engines.horovod.optimizer import (
 )
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
+from accord.imports import require
 from accord.precision import Precision
 
 __all__ = ["BFloat16AsFloat32", "HorovodStrategy", "launched_by_horovod"]
@@ -96,26 +97,28 @@ class HorovodStrategy(ParallelStrategy):
     def __init__(
         self,
         accelerator: Accelerator | None = None,
+        *,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
         collective: Collective | None = None,
         precision: Precision | None = None,
         num_nodes: int = 1,
-        *,
         backward_passes_per_step: int | None = None,
         compression: Any = None,
         gradient_predivide_factor: float = 1.0,
         debug: bool = False,
         **optimizer_kwargs: Any,
     ) -> None:
-        require_horovod("HorovodStrategy")
+        require("horovod", "HorovodStrategy")
         super().__init__(
             accelerator,
-            parallel_devices,
-            cluster_environment if cluster_environment is not None else HorovodEnvironment(),
-            collective,
-            precision,
-            num_nodes,
+            parallel_devices=parallel_devices,
+            cluster_environment=(
+                cluster_environment if cluster_environment is not None else HorovodEnvironment()
+            ),
+            collective=collective,
+            precision=precision,
+            num_nodes=num_nodes,
             debug=debug,
         )
         if backward_passes_per_step is not None and (

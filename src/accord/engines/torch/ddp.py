@@ -4,8 +4,9 @@ DDP's reducer runs on the process group of the strategy's `TorchCollective`
 (`TorchCollective.process_group`, reached through any debug, statistics or watchdog
 wrappers), so a collective on a sub-group averages gradients within the sub-group.
 With ``gradient_sync="collective"`` every gradient bucket goes through the collective's
-own ``all_reduce`` instead; in debug mode (a `DebugCollective` among the wrappers) too, so
-the debug check fingerprints the gradient traffic along with the user's collectives.
+own ``all_reduce`` instead; so do they wherever the collective asks for an engine's own
+traffic (`Collective.wants_engine_traffic`: debug mode), so the debug check fingerprints
+the gradient traffic along with the user's collectives.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from accord.accelerators.accelerator import Accelerator
 from accord.core.collective import Collective
 from accord.core.parallel import ParallelStrategy, StartMethod
 from accord.core.step_module import StepModule
-from accord.core.wrappers.debug import DebugCollective
+from accord.core.timeouts import DEFAULT_TIMEOUT
 from accord.core.wrappers.policy import has_layer
 from accord.engines.torch.collective import TorchCollective, default_torch_backend
 from accord.environments.cluster_environment import ClusterEnvironment
@@ -49,9 +50,6 @@ class DDPStrategy(ParallelStrategy):
             ``"popen"`` re-runs the script (the default, like ``torchrun``), ``"spawn"``
             and ``"fork"`` start them from this process. Under torchrun or SLURM nothing
             is started.
-        process_group_backend: ``"gloo"``, ``"nccl"`` or ``"mpi"`` (default: nccl on CUDA,
-            gloo otherwise) for the default `TorchCollective`.
-        timeout: seconds a collective may wait for the other ranks.
         gradient_sync: ``"native"`` lets DDP's reducer average gradients on the
             collective's process group, overlapped with backward; ``"collective"`` sends
             every gradient bucket through ``self.collective.all_reduce`` (a DDP comm hook),
@@ -64,6 +62,8 @@ class DDPStrategy(ParallelStrategy):
             where a backward often reaches only some parameters (a GAN's generator step
             leaves the discriminator's frozen by ``toggle_optimizer``).
         **ddp_kwargs: passed to `DistributedDataParallel`.
+        process_group_backend, timeout: as `ParallelStrategy` (the backend's default: nccl
+            on CUDA, gloo otherwise).
         accelerator, parallel_devices, cluster_environment, collective, precision, num_nodes, debug:
             as `ParallelStrategy`.
     """
@@ -71,6 +71,7 @@ class DDPStrategy(ParallelStrategy):
     def __init__(
         self,
         accelerator: Accelerator | None = None,
+        *,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
         collective: Collective | None = None,
@@ -78,7 +79,7 @@ class DDPStrategy(ParallelStrategy):
         num_nodes: int = 1,
         start_method: StartMethod = "popen",
         process_group_backend: str | None = None,
-        timeout: float | timedelta = 1800.0,
+        timeout: float | timedelta = DEFAULT_TIMEOUT,
         gradient_sync: GradientSync = "native",
         find_unused_parameters: bool | None = None,
         debug: bool = False,
@@ -86,20 +87,20 @@ class DDPStrategy(ParallelStrategy):
     ) -> None:
         super().__init__(
             accelerator,
-            parallel_devices,
-            cluster_environment,
-            collective,
-            precision,
-            num_nodes,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            collective=collective,
+            precision=precision,
+            num_nodes=num_nodes,
             start_method=start_method,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
             debug=debug,
         )
         if gradient_sync not in ("native", "collective"):
             raise ConfigurationError(
                 f"gradient_sync={gradient_sync!r}: use 'native' or 'collective'."
             )
-        self.process_group_backend = process_group_backend
-        self.timeout = timeout
         self.gradient_sync = gradient_sync
         self.ddp_kwargs = {"find_unused_parameters": find_unused_parameters, **ddp_kwargs}
         # Depth of `no_backward_sync` contexts entered for a manual backward.
@@ -145,7 +146,7 @@ class DDPStrategy(ParallelStrategy):
             process_group=self.process_group,
             **kwargs,
         )
-        if self.gradient_sync == "collective" or has_layer(self.collective, DebugCollective):
+        if self.gradient_sync == "collective" or self.collective.wants_engine_traffic:
             wrapped.register_comm_hook(self.collective, _ddp_gradient_bucket_hook)
         return wrapped
 

@@ -27,6 +27,7 @@ from typing_extensions import override
 from accord.accelerators.accelerator import Accelerator
 from accord.core.collective import Collective
 from accord.core.step_module import StepModule
+from accord.core.timeouts import DEFAULT_TIMEOUT
 from accord.engines.torch.collective import TorchCollective, default_torch_backend
 from accord.engines.torch.fsdp_checkpoint import META_FILE
 from accord.engines.torch.fsdp_state import StateDictType, _FSDPState
@@ -66,9 +67,8 @@ class FSDPStrategy(_FSDPState):
             processes on one node.
         state_dict_type: ``"sharded"`` or ``"full"``: how checkpoints are written
             (`accord.engines.torch.fsdp_checkpoint`). Loading accepts both kinds.
-        process_group_backend: ``"gloo"``, ``"nccl"`` or ``"mpi"`` (default: nccl on CUDA,
-            gloo otherwise) for the default `TorchCollective`.
-        timeout: seconds a collective may wait for the other ranks.
+        process_group_backend, timeout: as `ParallelStrategy` (the backend's default: nccl
+            on CUDA, gloo otherwise).
         accelerator, parallel_devices, cluster_environment, precision, num_nodes, debug:
             as `ParallelStrategy`.
         collective: a `TorchCollective` or a subclass (wrapped or not); FSDP shards over
@@ -88,12 +88,12 @@ class FSDPStrategy(_FSDPState):
     def __init__(
         self,
         accelerator: Accelerator | None = None,
+        *,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
         collective: Collective | None = None,
         precision: Precision | None = None,
         num_nodes: int = 1,
-        *,
         auto_wrap_policy: set[type[nn.Module]] | None = None,
         min_num_params: int = 100_000,
         cpu_offload: bool = False,
@@ -101,16 +101,18 @@ class FSDPStrategy(_FSDPState):
         hybrid_shard_size: int | None = None,
         state_dict_type: StateDictType = "sharded",
         process_group_backend: str | None = None,
-        timeout: float | timedelta = 1800.0,
+        timeout: float | timedelta = DEFAULT_TIMEOUT,
         debug: bool = False,
     ) -> None:
         super().__init__(
             accelerator,
-            parallel_devices,
-            cluster_environment,
-            collective,
-            precision,
-            num_nodes,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            collective=collective,
+            precision=precision,
+            num_nodes=num_nodes,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
             debug=debug,
         )
         if sharding_strategy not in _SHARDING_STRATEGIES:
@@ -131,8 +133,6 @@ class FSDPStrategy(_FSDPState):
         self.sharding_strategy = sharding_strategy
         self.hybrid_shard_size = hybrid_shard_size
         self.state_dict_type = state_dict_type
-        self.process_group_backend = process_group_backend
-        self.timeout = timeout
         self.device_mesh: DeviceMesh | None = None
         self._model: nn.Module | None = None
         self._optimizers: list[torch.optim.Optimizer] = []
