@@ -14,7 +14,7 @@ from models import LinearModel, loader
 from torch.utils.data import DataLoader, RandomSampler
 
 import accord
-from accord.callbacks import EarlyStopping, ModelCheckpoint, ModelSummary, ProgressBar, Timer
+from accord.callbacks import EarlyStopping, ModelCheckpoint, ModelSummary, Timer, TQDMProgressBar
 from accord.environments import LocalEnvironment
 from accord.errors import ConfigurationError
 from accord.precision import Precision
@@ -255,7 +255,7 @@ def test_inference_mode_and_detect_anomaly(tmp_path: Path) -> None:
 def test_the_default_callbacks_follow_the_flags(tmp_path: Path) -> None:
     trainer = accord.Trainer(accelerator="cpu", default_root_dir=tmp_path)
     kinds = [type(cb) for cb in trainer.callbacks]
-    assert kinds == [ModelSummary, ProgressBar, ModelCheckpoint]
+    assert kinds == [ModelSummary, TQDMProgressBar, ModelCheckpoint]
     assert trainer.checkpoint_callback is trainer.checkpoint_callbacks[0]
     assert trainer.progress_bar_callback is trainer.callbacks[1]
     stop = EarlyStopping("val_loss")

@@ -15,7 +15,7 @@ from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from accord.callbacks import checkpoint_files as files
-from accord.callbacks.callback import Callback
+from accord.callbacks.checkpoint import Checkpoint
 from accord.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ _Plan = tuple[float | None, str | None, str | None]
 """Rank zero's score and the paths of the top-k and the last checkpoint it will write."""
 
 
-class ModelCheckpoint(Callback):
+class ModelCheckpoint(Checkpoint):
     """Save checkpoints during fit: the top ``save_top_k`` by ``monitor``, and ``last.ckpt``.
 
     Lightning's arguments, names and directory. Without ``dirpath`` the checkpoints go

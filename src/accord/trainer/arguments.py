@@ -13,9 +13,10 @@ from typing import Any
 from lightning_utilities.core.rank_zero import rank_zero_info
 
 from accord.callbacks.callback import Callback
+from accord.callbacks.checkpoint import Checkpoint
 from accord.callbacks.model_checkpoint import ModelCheckpoint
 from accord.callbacks.model_summary import ModelSummary
-from accord.callbacks.progress import ProgressBar
+from accord.callbacks.progress import ProgressBar, TQDMProgressBar
 from accord.callbacks.timer import Timer
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
@@ -242,8 +243,9 @@ def build_callbacks(
     max_time: str | timedelta | dict[str, int] | None,
 ) -> list[Callback]:
     """The user's callbacks, plus what the flags add unless given: a `ModelSummary`, a
-    `ProgressBar`, a `Timer` for ``max_time`` and a `ModelCheckpoint` (last, as Lightning
-    orders checkpoint callbacks)."""
+    `TQDMProgressBar` (unless a `ProgressBar` is given), a `Timer` for ``max_time`` and a
+    `ModelCheckpoint` (unless a `Checkpoint` is given; last, as Lightning orders
+    checkpoint callbacks)."""
     if callbacks is None:
         result: list[Callback] = []
     elif isinstance(callbacks, Callback):
@@ -258,10 +260,10 @@ def build_callbacks(
     if model_summary and not any(isinstance(cb, ModelSummary) for cb in result):
         result.append(ModelSummary())
     if progress and not any(isinstance(cb, ProgressBar) for cb in result):
-        result.append(ProgressBar())
+        result.append(TQDMProgressBar())
     if max_time is not None:
         result.append(Timer(duration=max_time, interval="step", verbose=True))
-    if checkpointing and not any(isinstance(cb, ModelCheckpoint) for cb in result):
+    if checkpointing and not any(isinstance(cb, Checkpoint) for cb in result):
         result.append(ModelCheckpoint())
     return checkpoints_last(result)
 
@@ -269,8 +271,8 @@ def build_callbacks(
 def checkpoints_last(callbacks: list[Callback]) -> list[Callback]:
     """``callbacks`` with the checkpoint callbacks moved to the end, as Lightning runs them
     (so a checkpoint holds what every other callback did at that point)."""
-    others = [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)]
-    return others + [cb for cb in callbacks if isinstance(cb, ModelCheckpoint)]
+    others = [cb for cb in callbacks if not isinstance(cb, Checkpoint)]
+    return others + [cb for cb in callbacks if isinstance(cb, Checkpoint)]
 
 
 def build_loggers(logger: Logger | Iterable[Logger] | bool | None, root: Path) -> list[Logger]:

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 from accord.callbacks.checkpoint_files import finished_checkpoints, is_finished_checkpoint
 from accord.callbacks.model_checkpoint import ModelCheckpoint
-from accord.checkpoint_io import CHECKPOINT_FORMAT_VERSION
+from accord.checkpoint_io import CHECKPOINT_FORMAT_VERSION, save_checkpoint_file
 from accord.compiled import plain_names
 from accord.datamodule import DataModule
 from accord.errors import CheckpointError, ConfigurationError
@@ -42,13 +42,18 @@ CHECKPOINT_VERSION = CHECKPOINT_FORMAT_VERSION
 `accord.checkpoint_io.CHECKPOINT_FORMAT_VERSION`, which loading checks)."""
 
 
-def save_checkpoint(trainer: Trainer, path: str | Path, *, weights_only: bool = False) -> None:
+def save_checkpoint(
+    trainer: Trainer, path: str | Path, *, weights_only: bool = False, rank_local: bool = False
+) -> None:
     """Write the run's checkpoint to ``path`` through the strategy (every rank must call it),
     with the callbacks' (not for weights only) and the module's ``on_save_checkpoint``
     hooks, as Lightning calls them.
 
     With ``weights_only`` it holds the weights and what ``load_from_checkpoint`` needs
     only (`checkpoint_state`), as Lightning's ``save_checkpoint(path, weights_only=True)``.
+    With ``rank_local`` this rank writes its own state to ``path`` itself, atomically,
+    and no other rank takes part: only for a strategy whose every rank holds the whole
+    state and whose state dicts need no collective (the default checkpoint methods).
 
     Raises:
         ConfigurationError: outside a run.
@@ -63,7 +68,10 @@ def save_checkpoint(trainer: Trainer, path: str | Path, *, weights_only: bool = 
         for hook in hooks.callback_hooks("on_save_checkpoint"):
             hook(checkpoint)
     model.on_save_checkpoint(checkpoint)
-    trainer.strategy.save_checkpoint(checkpoint, path)
+    if rank_local:
+        save_checkpoint_file(checkpoint, path)
+    else:
+        trainer.strategy.save_checkpoint(checkpoint, path)
 
 
 def checkpoint_state(

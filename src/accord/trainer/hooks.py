@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from lightning_utilities.core.rank_zero import rank_zero_warn
 
 from accord.callbacks.callback import Callback
+from accord.callbacks.checkpoint import Checkpoint
 from accord.callbacks.early_stopping import EarlyStopping
-from accord.callbacks.model_checkpoint import ModelCheckpoint
 from accord.datamodule import DataModule
 from accord.module import Module
 from accord.trainer.lightning_names import REFUSED_MODULE_NAMES
@@ -61,7 +61,7 @@ MODULE_HOOKS: tuple[str, ...] = (
 
 # Callbacks that watch a logged metric run their ``on_train_epoch_end`` after the module's,
 # so they see what the module logged there (Lightning's order).
-_MONITORING = (ModelCheckpoint, EarlyStopping)
+_MONITORING = (Checkpoint, EarlyStopping)
 
 
 def overridden(obj: object, base: type, name: str) -> bool:
