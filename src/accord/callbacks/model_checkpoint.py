@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import string
 import time
@@ -11,16 +12,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_warn
+from lightning_utilities.core.rank_zero import rank_zero_warn
 from typing_extensions import override
 
 from accord.callbacks import checkpoint_files as files
 from accord.callbacks.checkpoint import Checkpoint
 from accord.errors import ConfigurationError
+from accord.log import rank_zero_info
 
 if TYPE_CHECKING:
     from accord.module import Module
     from accord.trainer.trainer import Trainer
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ModelCheckpoint"]
 
@@ -384,8 +388,10 @@ class ModelCheckpoint(Checkpoint):
             replaced = self._save_top_k(trainer, top_path, score, values)
         elif top_k and self.monitor is not None and self.verbose and trainer.is_global_zero:
             rank_zero_info(
+                log,
+                "%s",
                 f"Epoch {trainer.current_epoch}, global step {trainer.global_step}: "
-                f"{self.monitor!r} was not in top {self.save_top_k}"
+                f"{self.monitor!r} was not in top {self.save_top_k}",
             )
         if last_path is not None:
             self._save_last(trainer, last_path)
@@ -480,12 +486,16 @@ class ModelCheckpoint(Checkpoint):
         if self.verbose and score is not None and trainer.is_global_zero:
             best = float(self.best_model_score) if self.best_model_score is not None else score
             rank_zero_info(
+                log,
+                "%s",
                 f"Epoch {trainer.current_epoch}, global step {trainer.global_step}: "
                 f"{self.monitor!r} reached {score:0.5f} (best {best:0.5f}), saving model to "
-                f"{path!r} as top {self._k()}"
+                f"{path!r} as top {self._k()}",
             )
         elif self.verbose and trainer.is_global_zero:
-            rank_zero_info(f"Global step {trainer.global_step}: saving model to {path!r}")
+            rank_zero_info(
+                log, "%s", f"Global step {trainer.global_step}: saving model to {path!r}"
+            )
         return dropped if dropped is not None and dropped != path else None
 
     def _save_last(self, trainer: Trainer, path: str) -> None:

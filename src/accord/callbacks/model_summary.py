@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +15,8 @@ from accord.errors import ConfigurationError
 if TYPE_CHECKING:
     from accord.module import Module
     from accord.trainer.trainer import Trainer
+
+log = logging.getLogger(__name__)
 
 __all__ = ["LayerSummary", "ModelSummary", "summarize"]
 
@@ -234,12 +237,7 @@ class ModelSummary(Callback):
             total_flops: always 0 (accord does not count FLOPs).
             **summarize_kwargs: what the callback was given.
         """
-        print(
-            render_summary(
-                summary_data,
-                total_parameters,
-                trainable_parameters,
-                model_size,
-                total_training_modes,
-            )
+        table = render_summary(
+            summary_data, total_parameters, trainable_parameters, model_size, total_training_modes
         )
+        log.info("%s", table)

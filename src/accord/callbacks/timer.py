@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from lightning_utilities.core.rank_zero import rank_zero_info
 from typing_extensions import override
 
 from accord.callbacks.callback import Callback
 from accord.errors import ConfigurationError
+from accord.log import rank_zero_info
 
 if TYPE_CHECKING:
     from accord.module import Module
     from accord.trainer.trainer import Trainer
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Timer"]
 
@@ -151,8 +154,10 @@ class Timer(Callback):
             trainer.should_stop = True
             if self.verbose and trainer.is_global_zero:
                 rank_zero_info(
+                    log,
+                    "%s",
                     f"Timer: the {self.duration} budget is spent; training stops at step "
-                    f"{trainer.global_step}."
+                    f"{trainer.global_step}.",
                 )
 
     @override

@@ -3,14 +3,13 @@ callbacks and loggers added."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-
-from lightning_utilities.core.rank_zero import rank_zero_info
 
 from accord.callbacks.callback import Callback
 from accord.callbacks.checkpoint import Checkpoint
@@ -20,9 +19,12 @@ from accord.callbacks.progress import ProgressBar, TQDMProgressBar
 from accord.callbacks.timer import Timer
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
+from accord.log import rank_zero_info
 from accord.loggers.csv import CSVLogger
 from accord.loggers.logger import Logger
 from accord.precision import Precision
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "BatchLimits",
@@ -155,8 +157,10 @@ def resolve_limits(
         limits.num_sanity_val_steps = 0
         limits.val_check_interval, limits.check_val_every_n_epoch = 1.0, 1
         rank_zero_info(
+            log,
+            "%s",
             f"Running in fast_dev_run mode: {runs} batch(es) of each loader; logging and "
-            "checkpointing are off."
+            "checkpointing are off.",
         )
     return limits
 

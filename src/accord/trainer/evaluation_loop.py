@@ -11,13 +11,14 @@ runs and the module's train mode comes back.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from lightning_utilities.core.rank_zero import rank_zero_only
 
+from accord.log import rank_zero_info
 from accord.loggers.logger import Logger
 from accord.trainer.data import num_batches
 from accord.trainer.state import RunState
@@ -25,6 +26,8 @@ from accord.trainer.state import RunState
 if TYPE_CHECKING:
     from accord.trainer.hooks import RunHooks
     from accord.trainer.trainer import Trainer
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "batch_mover",
@@ -90,26 +93,31 @@ def batch_mover(trainer: Trainer, hooks: RunHooks) -> Callable[[Any], Any]:
     return move
 
 
-@rank_zero_only
 def print_collective_stats(stats_by_rank: list[dict[str, dict[str, float]]], stage: str) -> None:
-    """Print each rank's collective calls and their time (``profiler="collectives"``)."""
+    """Log each rank's collective calls and their time (``profiler="collectives"``), on
+    global rank zero."""
+    lines = []
     for rank, summary in enumerate(stats_by_rank):
         calls = sum(int(row["calls"]) for row in summary.values())
-        print(f"\nrank {rank}: {calls} collective calls during {stage}")
+        lines.append(f"rank {rank}: {calls} collective calls during {stage}")
         for op, row in summary.items():
-            print(
+            lines.append(
                 f"  {op:<18} {int(row['calls']):>7} calls  {row['seconds']:9.4f} s  "
                 f"{row['mean_ms']:8.3f} ms/call"
             )
+    rank_zero_info(log, "%s", "\n".join(lines))
 
 
-@rank_zero_only
 def print_timeline_path(path: Path, stage: str) -> None:
-    """Say where ``profiler="timeline"`` wrote the merged trace of ``stage``."""
-    print(
-        f"\nCollective timeline of {stage} (every rank): {path}\n"
-        "Open it in https://ui.perfetto.dev or chrome://tracing; "
-        f"`python -m accord.trace {path} --summary` names the straggler."
+    """Say, on global rank zero, where ``profiler="timeline"`` wrote the merged trace of
+    ``stage``."""
+    rank_zero_info(
+        log,
+        "Collective timeline of %s (every rank): %s\nOpen it in https://ui.perfetto.dev or "
+        "chrome://tracing; `python -m accord.trace %s --summary` names the straggler.",
+        stage,
+        path,
+        path,
     )
 
 
@@ -221,17 +229,16 @@ def _run_batches(
             hook(output, batch, batch_idx)
 
 
-@rank_zero_only
 def _print_results(trainer: Trainer, stage: str, results: Mapping[str, float]) -> None:
-    """The metrics of a validate/test run, as a small table on rank zero (Lightning's
-    ``verbose=True``)."""
+    """The metrics of a validate/test run, as a small table logged on rank zero
+    (Lightning's ``verbose=True``)."""
     if not results:
         return
     width = max(len(key) for key in results)
     title = f"{'Validate' if stage == 'validate' else 'Test'} metric"
-    print(f"{title:<{width}}  value")
-    for key in sorted(results):
-        print(f"{key:<{width}}  {results[key]:.6g}")
+    rows = [f"{title:<{width}}  value"]
+    rows.extend(f"{key:<{width}}  {results[key]:.6g}" for key in sorted(results))
+    rank_zero_info(log, "%s", "\n".join(rows))
 
 
 def predict(trainer: Trainer, state: RunState, loader: Iterable[Any]) -> list[Any]:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
-from lightning_utilities.core.rank_zero import rank_zero_warn
+from lightning_utilities.core.rank_zero import WarningCache, rank_zero_warn
 
 from accord.errors import ConfigurationError
 from accord.module import Module
@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from accord.trainer.trainer import Trainer
 
 __all__ = ["FitLoop", "train_preparer"]
+
+_WARNINGS = WarningCache()
+"""Warnings a process gives once, on rank zero."""
 
 
 class FitLoop:
@@ -45,7 +48,6 @@ class FitLoop:
         self.val_loader: Iterable[Any] | None = None
         # Whether a batch of the current accumulation window ran backward.
         self.window_has_backward = False
-        self.warned_all_skipped = False
         self.signals = SignalFlag(trainer.preemption_signals)
         # The ranks that received a preemption signal, once the ranks agreed to stop for
         # it; they stop at the next step boundary.
@@ -334,14 +336,11 @@ class FitLoop:
         save_and_stop(self.trainer, self.preempt_ranks, self.signals.received)
 
     def warn_all_skipped(self) -> None:
-        """Warn once that a whole epoch's ``training_step`` returned None."""
-        if self.warned_all_skipped:
-            return
-        self.warned_all_skipped = True
-        trainer = self.trainer
-        multi_rank = trainer.strategy.world_size > 1
-        rank_zero_warn(
-            f"training_step returned None for every batch of epoch {trainer.current_epoch}"
+        """Warn (once a process, on rank zero) that a whole epoch's ``training_step``
+        returned None."""
+        multi_rank = self.trainer.strategy.world_size > 1
+        _WARNINGS.warn(
+            "training_step returned None for every batch of an epoch"
             f"{' on at least one rank' if multi_rank else ''}, so nothing was trained. "
             "Return the loss (a tensor, or a dict with a 'loss' key); return None only "
             "to skip a batch on purpose.",

@@ -5,16 +5,16 @@ that launched it."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-from lightning_utilities.core.rank_zero import rank_zero_info
 
 from accord.core.strategy import Strategy
 from accord.datamodule import DataModule, check_datamodule
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
+from accord.log import rank_zero_info
 from accord.module import Module
 from accord.precision import Precision
 from accord.trainer.compile import unwrap_compiled
@@ -27,6 +27,8 @@ from accord.trainer.state import RankZeroResults
 
 if TYPE_CHECKING:
     from accord.trainer.trainer import Trainer
+
+log = logging.getLogger(__name__)
 
 __all__: list[str] = []
 
@@ -173,8 +175,10 @@ def evaluate(
         if callback is not None and callback.best_model_path:
             ckpt_path = "best"
             rank_zero_info(
+                log,
+                "%s",
                 f"Trainer.{stage}() got no model: using the last fit's module with the best "
-                f"checkpoint, {callback.best_model_path}."
+                f"checkpoint, {callback.best_model_path}.",
             )
     model = _module(trainer, stage, model)
     loader = eval_loader(trainer, stage, dataloaders, datamodule)

@@ -18,12 +18,8 @@ import torch
 from lightning_utilities.core.rank_zero import rank_zero_only
 
 from accord.core.strategy import RunSettings
-from accord.core.wrappers.recorder import (
-    DEFAULT_TRACE_DIR,
-    RecordingCollective,
-    find_recorder,
-    merge_timeline,
-)
+from accord.core.wrappers.recorder import RecordingCollective, find_recorder
+from accord.core.wrappers.trace_files import DEFAULT_TRACE_DIR, merge_timeline
 from accord.datamodule import DataModule
 from accord.errors import CollectiveError, is_communication_error
 from accord.hparams import log_hyperparameters

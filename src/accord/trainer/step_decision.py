@@ -10,10 +10,10 @@ the same single round trip it made for the skip decision alone.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 
 import torch
+from lightning_utilities.core.rank_zero import rank_zero_warn
 
 from accord.core.strategy import Strategy
 from accord.errors import ConfigurationError, NonFiniteValueError
@@ -151,9 +151,7 @@ def finite(loss: torch.Tensor) -> bool:
     return bool(torch.isfinite(loss.detach()).all())
 
 
-def on_nonfinite(
-    mode: str, ranks: tuple[int, ...], step: int, batch_idx: int, is_global_zero: bool
-) -> None:
+def on_nonfinite(mode: str, ranks: tuple[int, ...], step: int, batch_idx: int) -> None:
     """Act on a non-finite loss the ranks agreed on: raise, or warn (rank zero), by ``mode``.
 
     ``skip_step`` is the loop's to carry out; here it only warns on rank zero.
@@ -172,6 +170,5 @@ def on_nonfinite(
             step=step,
             metric="loss",
         )
-    if is_global_zero:
-        action = "skipped on every rank" if mode == "skip_step" else "trained on"
-        warnings.warn(f"{what}; the step was {action}.", RuntimeWarning, stacklevel=3)
+    action = "skipped on every rank" if mode == "skip_step" else "trained on"
+    rank_zero_warn(f"{what}; the step was {action}.", category=RuntimeWarning, stacklevel=4)

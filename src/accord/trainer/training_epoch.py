@@ -276,13 +276,7 @@ class TrainingEpoch:
             return None
         if decision.nonfinite_ranks:
             mode = trainer.on_nonfinite
-            on_nonfinite(
-                mode,
-                decision.nonfinite_ranks,
-                trainer.global_step,
-                batch_idx,
-                trainer.is_global_zero,
-            )
+            on_nonfinite(mode, decision.nonfinite_ranks, trainer.global_step, batch_idx)
             if mode == "skip_step":
                 loop.discard_window()
                 return None

@@ -46,8 +46,6 @@ from accord.core.wrappers.trace_files import (
 )
 
 # accord.trainer.run imports these two from here.
-from accord.core.wrappers.trace_files import DEFAULT_TRACE_DIR as DEFAULT_TRACE_DIR
-from accord.core.wrappers.trace_files import merge_timeline as merge_timeline
 from accord.core.wrappers.wrapper import CallSite, CollectiveWrapper, OpCall
 from accord.errors import CollectiveError, ConfigurationError
 
