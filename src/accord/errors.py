@@ -115,7 +115,18 @@ class CheckpointError(AccordError, RuntimeError):
 
 
 class RankFailureError(AccordError, RuntimeError):
-    """One or more ranks of a multi-process run failed."""
+    """One or more ranks of a multi-process run failed.
+
+    ``ranks`` are the ranks that failed, died or froze (empty when unknown).
+    """
+
+    def __init__(self, message: str, *, ranks: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self.ranks = list(ranks)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A rank's error travels to the launching process pickled.
+        return (functools.partial(type(self), ranks=self.ranks), (str(self),))
 
 
 class NonFiniteValueError(AccordError, FloatingPointError):
@@ -173,6 +184,9 @@ _PEER_GONE = (
     "socket closed",
     "nccl communicator was aborted",
     "remote process exited",
+    # A backend's wait that ran out of time: the peer froze, or is in another call.
+    "timed out waiting",
+    "collective operation timeout",
 )
 
 
@@ -180,9 +194,9 @@ def is_communication_error(error: BaseException | str) -> bool:
     """Whether ``error`` (an exception or its text) comes from losing contact with a peer.
 
     Such an error is a consequence: some other rank died or stopped first. True for
-    torch.distributed's ``DistError`` family, accord's `CollectiveTimeoutError`, and the
-    backends' "Connection closed/reset by peer"-like messages, also when they are the
-    cause or context of ``error``.
+    torch.distributed's ``DistError`` family, accord's `CollectiveTimeoutError`, the
+    backends' "Connection closed/reset by peer"-like messages and their timeouts ("Timed
+    out waiting ... for recv"), also when they are the cause or context of ``error``.
     """
     if isinstance(error, str):
         text = error.lower()

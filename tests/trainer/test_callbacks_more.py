@@ -4,6 +4,7 @@ state in checkpoints."""
 from __future__ import annotations
 
 import csv
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -113,7 +114,7 @@ class Frozen(LinearModel):
         self.scale = nn.Parameter(torch.ones(1))
 
 
-def test_model_summary_counts_per_child(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_model_summary_counts_per_child(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     rows = {r.name: r for r in summarize(Frozen())}
     assert list(rows) == ["layer", "encoder", "other params"]
     assert (rows["layer"].trainable, rows["layer"].frozen) == (9, 0)
@@ -121,8 +122,9 @@ def test_model_summary_counts_per_child(tmp_path: Path, capsys: pytest.CaptureFi
     assert rows["encoder"].type == "Sequential"
     assert rows["other params"].size_bytes == 4
     summary = ModelSummary()
-    _trainer(tmp_path, [summary], max_epochs=1).fit(Frozen(), loader(16))
-    out = capsys.readouterr().out
+    with caplog.at_level(logging.INFO, logger="accord"):
+        _trainer(tmp_path, [summary], max_epochs=1).fit(Frozen(), loader(16))
+    out = caplog.text
     assert summary.text in out
     assert "10         Trainable params" in out
     assert "72         Non-trainable params" in out

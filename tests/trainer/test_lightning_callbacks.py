@@ -299,7 +299,7 @@ class Nested(LinearModel):
 
 
 def test_model_summary_lists_layers_to_max_depth(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     model = Nested()
     assert [r.name for r in summarize(model)] == ["layer", "encoder"]
@@ -323,14 +323,17 @@ def test_model_summary_lists_layers_to_max_depth(
         ModelSummary(header_style="bold")
 
     summary = ModelSummary(max_depth=2)
-    _trainer(tmp_path, [summary], max_epochs=1, limit_train_batches=1).fit(model, loader(16))
-    out = capsys.readouterr().out
+    with caplog.at_level(logging.INFO, logger="accord"):
+        _trainer(tmp_path, [summary], max_epochs=1, limit_train_batches=1).fit(model, loader(16))
+    out = caplog.text
+    caplog.clear()
     assert summary.text in out and "encoder.1 " in out and "encoder.1.0" not in out
     assert f"{6:<10} Modules in train mode" in out
 
     silent = ModelSummary(max_depth=0)
-    _trainer(tmp_path, [silent], max_epochs=1, limit_train_batches=1).fit(Nested(), loader(16))
-    assert silent.text == "" and "Trainable params" not in capsys.readouterr().out
+    with caplog.at_level(logging.INFO, logger="accord"):
+        _trainer(tmp_path, [silent], max_epochs=1, limit_train_batches=1).fit(Nested(), loader(16))
+    assert silent.text == "" and "Trainable params" not in caplog.text
 
 
 def test_a_model_summary_subclass_gets_the_summarize_kwargs(tmp_path: Path) -> None:

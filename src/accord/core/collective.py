@@ -80,6 +80,10 @@ class Collective(ABC):
     def teardown(self) -> Self:
         """Destroy what `setup` created; a no-op when called again."""
 
+    def abandon(self) -> None:
+        """This rank's run failed: other ranks may be gone, so `teardown` must not wait for
+        them. Nothing to do for a collective that never waits at teardown."""
+
     @property
     def object_device(self) -> torch.device:
         """Device on which pickled objects travel (CPU unless the backend needs another)."""

@@ -9,6 +9,7 @@ collective, never by overriding these.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 import torch
@@ -16,7 +17,8 @@ import torch
 from accord.core.autograd import all_gather_with_grad
 from accord.core.buffers import all_gather_uneven
 from accord.core.collective import Collective, ReduceOpLike
-from accord.errors import ConfigurationError
+from accord.core.membership import MemberCollective
+from accord.errors import AccordError, ConfigurationError
 
 if TYPE_CHECKING:
     from accord.core.wrappers.stats import CollectiveStats
@@ -118,3 +120,18 @@ class StrategyCommunication(ABC):
         vote = torch.tensor([1 if decision else 0], dtype=torch.int32, device=self.root_device)
         total = int(collective.all_reduce(vote, "sum", out=vote).item())
         return total == collective.world_size if all else total > 0
+
+    # ---------------------------------------------------------------- liveness
+    def report_progress(self, describe: Callable[[], str]) -> None:
+        """Tell the collective how to say what this rank is doing (``"step 140: train"``),
+        for the error another rank raises when a wait on this one fails."""
+        base = self.base_collective
+        if isinstance(base, MemberCollective):
+            base.report_progress(describe)
+
+    def diagnose(self, error: BaseException, where: str) -> AccordError | None:
+        """An error naming who a failed wait (``error``, at ``where`` on this rank) was on:
+        the ranks that died or froze, or those alive elsewhere; None when the collective
+        cannot tell, or ``error`` is no failed wait."""
+        base = self.base_collective
+        return base.diagnose(error, where) if isinstance(base, MemberCollective) else None

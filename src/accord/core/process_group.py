@@ -26,11 +26,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from typing_extensions import Self, override
 
 from accord.core.backend_threads import LentTensors, settle_at_exit
+from accord.core.liveness import Liveness, lost_ranks_error
 from accord.core.membership import MemberCollective
-from accord.core.rendezvous import init_group_on_shared_store
+from accord.core.rendezvous import attempt_prefix, init_group_on_shared_store
 from accord.core.rendezvous_address import Rendezvous, find_rendezvous
 from accord.core.timeouts import BackendTimeouts, as_timedelta, timeout_from_env
-from accord.errors import CollectiveError, ConfigurationError
+from accord.errors import AccordError, CollectiveError, ConfigurationError, is_communication_error
 
 if TYPE_CHECKING:
     import torch
@@ -74,6 +75,7 @@ class ProcessGroupCollective(MemberCollective):
         self._group: ProcessGroup | None = None
         self._lent = LentTensors()
         self._guards: dict[str, BackendTimeouts] = {}
+        self.liveness: Liveness | None = None
         super().__init__()
 
     # ----------------------------------------------------------------- identity
@@ -169,6 +171,7 @@ class ProcessGroupCollective(MemberCollective):
                     self.timeout,
                 )
                 self._join()
+                self._start_heartbeat(meeting)
             self._created = True
         self._rank = dist.get_rank(self._group)
         self._world_size = dist.get_world_size(self._group)
@@ -207,12 +210,39 @@ class ProcessGroupCollective(MemberCollective):
         import torch.distributed as dist
 
         self._lent.collect()
+        if self.liveness is not None:
+            self.liveness.stop()
+            self.liveness = None
         if self._created and dist.is_initialized():
             self._destroy()
         self._ready = False
         self._created = False
         self._rank = self._world_size = -1
         return self
+
+    # ---------------------------------------------------------------- liveness
+    def _start_heartbeat(self, meeting: Rendezvous) -> None:
+        """Keep this rank's heartbeat on the store the group met on (several ranks only)."""
+        if meeting.world_size < 2:
+            return
+        self.liveness = Liveness(
+            meeting.address,
+            meeting.port,
+            f"{attempt_prefix()}accord/",
+            meeting.rank,
+            range(meeting.world_size),
+        )
+        self.liveness.start(lambda: self._progress())
+
+    @override
+    def diagnose(self, error: BaseException, where: str) -> AccordError | None:
+        """Name who the failed wait was on: the ranks whose heartbeat stopped (dead or
+        frozen: `RankFailureError`), else the ranks that are alive but elsewhere
+        (`CollectiveTimeoutError`), with what every rank was doing."""
+        liveness = self.liveness
+        if liveness is None or not is_communication_error(error):
+            return None
+        return lost_ranks_error(liveness.survey(), self._rank, where, error)
 
     # -------------------------------------------------------- hooks for engines
     def _default_backend(self) -> str:

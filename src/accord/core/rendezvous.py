@@ -28,6 +28,7 @@ from accord.errors import CollectiveError, CollectiveTimeoutError
 
 __all__ = [
     "DEFAULT_RENDEZVOUS_TIMEOUT",
+    "attempt_prefix",
     "RENDEZVOUS_TIMEOUT_ENV_VAR",
     "init_group_on_shared_store",
     "listen_on_loopback",
@@ -181,7 +182,7 @@ def init_group_on_shared_store(
             rank=rank,
             missing_ranks=[0],
         ) from err
-    prefix = f"{_attempt_prefix()}accord/{generation}/"
+    prefix = f"{attempt_prefix()}accord/{generation}/"
     group_store = dist.PrefixStore(prefix, store)  # type: ignore[attr-defined]
     _wait_for_every_rank(group_store, address, port, rank, world_size, wait)
     # From here on the store serves the group's own traffic (gloo's connections, sub-groups),
@@ -200,7 +201,7 @@ def _agent_serves_store() -> bool:
     return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
 
 
-def _attempt_prefix() -> str:
+def attempt_prefix() -> str:
     """A key prefix per torchelastic attempt, or ``""`` outside torchrun's agent store.
 
     The agent's store outlives a restarted group: the keys of an earlier attempt (its

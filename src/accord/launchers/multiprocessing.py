@@ -62,15 +62,16 @@ def _worker(local_rank: int, env: dict[str, str], work: Any, conn: Connection) -
         # Plain pickle copies tensor data; torch's shared-memory reduction would hand over
         # file descriptors that vanish when this process exits.
         body = pickle.dumps(result) if local_rank == 0 else None
-        conn.send(("ok", body, False))
+        conn.send(("ok", body, False, ()))
     except Preempted as stop:
-        conn.send(("preempted", (stop.checkpoint, stop.step, stop.signal_name), False))
+        conn.send(("preempted", (stop.checkpoint, stop.step, stop.signal_name), False, ()))
         raise SystemExit(PREEMPTED_EXIT_CODE) from None
     except BaseException as err:
         # Classified here, where the exception object still exists: the launcher only gets
         # text, and must tell a rank that lost its peer from the rank that failed first.
         text = f"{type(err).__name__}: {err}\n{traceback.format_exc()}"
-        conn.send(("error", text, is_communication_error(err)))
+        lost = err.ranks if isinstance(err, RankFailureError) else ()
+        conn.send(("error", text, is_communication_error(err), tuple(lost)))
         raise SystemExit(1) from None
     finally:
         conn.close()
@@ -184,6 +185,8 @@ class MultiprocessingLauncher(Launcher):
         rank_zero: Any = None
         preempted: tuple[str, int, str] | None = None
         deadline: float | None = None
+        first = self.cluster_environment.node_rank() * self.num_processes
+        lost: set[int] = set()  # local ranks another rank found dead or frozen
         while pending:
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
             if deadline is not None and timeout == 0.0:
@@ -194,7 +197,7 @@ class MultiprocessingLauncher(Launcher):
                 local_rank = next(r for r, c in pending.items() if c is conn)
                 del pending[local_rank]
                 try:
-                    status, body, communication = conn.recv()
+                    status, body, communication, ranks = conn.recv()
                 except EOFError:
                     procs[local_rank].join(1)
                     errors[local_rank] = _died(local_rank, procs[local_rank].exitcode)
@@ -206,9 +209,15 @@ class MultiprocessingLauncher(Launcher):
                         preempted = preempted or body
                     else:
                         errors[local_rank] = _Failure(local_rank, body, communication=communication)
+                        lost.update(r - first for r in ranks)
                 if errors and deadline is None:
                     # One rank failed; the rest get a short grace period, then are stopped.
                     deadline = time.monotonic() + self.failure_grace
+            if pending and set(pending) <= lost:
+                # Those left stopped answering (dead or frozen): no use waiting for them.
+                for local_rank in pending:
+                    errors[local_rank] = _froze(local_rank)
+                pending.clear()
         if errors:
             raise RankFailureError(_failure_report(list(errors.values()), sorted(pending)))
         if preempted is not None:
@@ -240,6 +249,14 @@ def _died(local_rank: int, code: int | None) -> _Failure:
     else:
         how = "died"
     return _Failure(local_rank, f"process {how} before reporting (exit code {code})", died=True)
+
+
+def _froze(local_rank: int) -> _Failure:
+    return _Failure(
+        local_rank,
+        "its heartbeat stood still (the process froze or hung): stopped by the launcher",
+        died=True,
+    )
 
 
 def _failure_report(failures: list[_Failure], stopped: list[int]) -> str:

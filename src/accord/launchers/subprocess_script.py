@@ -106,7 +106,7 @@ class SubprocessScriptLauncher(Launcher):
                 raise
             except BaseException as err:
                 failure = self._take_over()
-                if failure is None and is_communication_error(err):
+                if failure is None and is_communication_error(err) and not _names_lost(err):
                     # Rank 0 lost contact with a child: wait for the one that failed. One that
                     # raised may take seconds to exit on a busy machine, so the grace period.
                     failure = self._failed_child(self.failure_grace)
@@ -293,6 +293,12 @@ def _how(code: int) -> str:
     if code < 0:
         return f"was killed by signal {-code} (exit code {code})"
     return f"exited with code {code}"
+
+
+def _names_lost(error: BaseException) -> bool:
+    """Whether ``error`` already names the ranks that died or froze (rank 0 found them by
+    their heartbeats): then no child's exit needs waiting for."""
+    return isinstance(error, RankFailureError) and bool(error.ranks)
 
 
 def _report(failure: tuple[int, int], err: BaseException) -> str:

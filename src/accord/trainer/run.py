@@ -21,7 +21,12 @@ from accord.core.strategy import RunSettings
 from accord.core.wrappers.recorder import RecordingCollective, find_recorder
 from accord.core.wrappers.trace_files import DEFAULT_TRACE_DIR, merge_timeline
 from accord.datamodule import DataModule
-from accord.errors import CollectiveError, is_communication_error
+from accord.errors import (
+    CollectiveError,
+    CollectiveTimeoutError,
+    RankFailureError,
+    is_communication_error,
+)
 from accord.hparams import log_hyperparameters
 from accord.module import Module
 from accord.module_optimization import StrategyOptimizer
@@ -87,6 +92,7 @@ def run_stage(
     )
     state.metrics = MetricStore()
     trainer.logger_step = trainer.global_step
+    strategy.report_progress(lambda: _progress(trainer, state, stage))
     try:
         _prepare_data(trainer, model)
         _setup_hooks(trainer, hooks, stage)
@@ -110,10 +116,39 @@ def run_stage(
             logger.finalize("success")
         return result
     except BaseException as err:
-        _on_failure(trainer, model, recorder, err)
+        where = _progress(trainer, state, stage)
+        failing = f"{where}, failing with {type(err).__name__}"
+        strategy.report_progress(lambda: failing)
+        strategy.on_exception(err)  # from here on, nothing waits for ranks that may be gone
+        named = _name_lost_ranks(trainer, where, err)
+        _on_failure(trainer, model, recorder, named or err)
+        if named is not None:
+            raise named from err
         raise
     finally:
         _teardown(trainer, hooks, recorder, stage)
+
+
+def _progress(trainer: Trainer, state: RunState, stage: str) -> str:
+    """What this rank is doing, as another rank's error quotes it."""
+    running = state.running or stage
+    if running == "train":
+        return (
+            f"step {trainer.global_step}, epoch {trainer.current_epoch} batch {state.batches_done}"
+        )
+    return f"step {trainer.global_step}, {running}"
+
+
+def _name_lost_ranks(trainer: Trainer, where: str, err: BaseException) -> BaseException | None:
+    """The error naming the ranks a failed wait was on (those gone, or those elsewhere),
+    for a backend's raw timeout or closed connection, whether it came from a collective
+    call or from a wait torch makes itself (DDP's gradient reduction); None when ``err``
+    already names them or is no failed wait."""
+    if isinstance(err, RankFailureError) or not is_communication_error(err):
+        return None
+    if isinstance(err, CollectiveTimeoutError) and err.missing_ranks:
+        return None
+    return trainer.strategy.diagnose(err, where)
 
 
 def _on_failure(

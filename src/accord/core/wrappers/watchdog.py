@@ -106,6 +106,7 @@ class WatchdogCollective(CollectiveWrapper):
         self._calls = 0
         self._failure: str | None = None
         self._store_lost = False
+        self._abandoned = False
 
     # ----------------------------------------------------------------- lifecycle
     @override
@@ -116,6 +117,7 @@ class WatchdogCollective(CollectiveWrapper):
             self._calls = 0
             self._failure = None
             self._store_lost = False
+            self._abandoned = False
         return self
 
     def _connect(self) -> Store:
@@ -167,15 +169,21 @@ class WatchdogCollective(CollectiveWrapper):
         return store
 
     @override
+    def abandon(self) -> None:
+        self._abandoned = True
+        self._inner.abandon()
+
+    @override
     def teardown(self) -> Self:
         store, self._store = self._store, None
         if store is not None and not self._store_lost:
             try:
                 # Rank 0 hosts the store: it waits (briefly) until every rank is done with
-                # it, so a late rank still learns that its call was abandoned.
+                # it, so a late rank still learns that its call was abandoned; not when
+                # the run failed elsewhere, where a rank may be gone for good.
                 if store.add("left", 1) == self._inner.world_size:
                     store.set("all_left", "1")
-                elif self._inner.rank == 0:
+                elif self._inner.rank == 0 and (self._failure or not self._abandoned):
                     store.wait(["all_left"], _TEARDOWN_GRACE)
             except RuntimeError:
                 pass  # a rank never came to teardown, or rank 0's store is already gone

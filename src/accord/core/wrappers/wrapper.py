@@ -151,6 +151,10 @@ class CollectiveWrapper(Collective):
         self._inner.teardown()
         return self
 
+    @override
+    def abandon(self) -> None:
+        self._inner.abandon()
+
     # ---------------------------------------------------------------- primitives
     # Forwarded as is: a wrapper's own traffic goes straight to the innermost backend.
     @override
