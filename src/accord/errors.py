@@ -19,6 +19,7 @@ __all__ = [
     "CollectiveNotSetupError",
     "CollectiveTimeoutError",
     "ConfigurationError",
+    "EXCLUDED_EXIT_CODE",
     "MisconfigurationError",
     "MissingDependencyError",
     "NonFiniteValueError",
@@ -148,6 +149,11 @@ PREEMPTED_EXIT_CODE = 75
 """The exit status of a job stopped by a preemption signal after its checkpoint was saved
 (``EX_TEMPFAIL``: try again later). torchelastic restarts a group that exits with it while
 restarts are left; a scheduler may requeue it."""
+
+EXCLUDED_EXIT_CODE = 76
+"""The exit status of a rank the others left out of the group under
+``Trainer(on_rank_loss="continue")`` (it did not answer in time); the run goes on without
+it, so its launcher does not count it as a failure."""
 
 
 class Preempted(SystemExit):

@@ -10,17 +10,19 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
+from lightning_utilities.core.rank_zero import rank_zero_only
 
 from accord.core.autograd import all_gather_with_grad
 from accord.core.buffers import all_gather_uneven
 from accord.core.collective import Collective, ReduceOpLike
 from accord.core.membership import MemberCollective
-from accord.errors import AccordError, ConfigurationError
+from accord.errors import AccordError, CollectiveError, ConfigurationError
 
 if TYPE_CHECKING:
+    from accord.core.regroup import Regrouped
     from accord.core.wrappers.stats import CollectiveStats
 
 __all__ = ["StrategyCommunication"]
@@ -128,6 +130,33 @@ class StrategyCommunication(ABC):
         base = self.base_collective
         if isinstance(base, MemberCollective):
             base.report_progress(describe)
+
+    @property
+    def can_regroup(self) -> bool:
+        """Whether the collective can go on without a lost rank (`regroup`)."""
+        base = self.base_collective
+        return isinstance(base, MemberCollective) and base.can_regroup
+
+    def regroup(self, progress: dict[str, Any]) -> Regrouped:
+        """After a failed wait: form a new group of the ranks left, through the
+        collective (`accord.core.membership.MemberCollective.regroup`); every survivor
+        calls it with what it tells the others about itself. `global_rank` and
+        `world_size` follow the new group.
+
+        Raises:
+            CollectiveError: the collective cannot regroup.
+            accord.core.regroup.Excluded: the others went on without this rank.
+            RankFailureError: the rendezvous store is gone.
+        """
+        base = self.base_collective
+        if not isinstance(base, MemberCollective):
+            raise CollectiveError(
+                f"{type(base).__name__} cannot go on without a lost rank: it keeps no "
+                "membership of its own."
+            )
+        regrouped = base.regroup(progress)
+        rank_zero_only.rank = base.rank  # type: ignore[attr-defined]
+        return regrouped
 
     def diagnose(self, error: BaseException, where: str) -> AccordError | None:
         """An error naming who a failed wait (``error``, at ``where`` on this rank) was on:

@@ -27,12 +27,40 @@ from typing import Any
 
 from accord.errors import AccordError, CollectiveTimeoutError, RankFailureError
 
-__all__ = ["BEAT_SECONDS", "Liveness", "Survey", "lost_ranks_error"]
+__all__ = [
+    "BEAT_SECONDS",
+    "Liveness",
+    "Survey",
+    "beat_key",
+    "lost_key",
+    "lost_ranks_error",
+    "members_prefix",
+]
 
 BEAT_SECONDS = 0.5
 """How often a rank's heartbeat counts up."""
 
 _CONNECT = timedelta(seconds=10)
+
+
+def members_prefix() -> str:
+    """The key prefix of the members' heartbeats and of their launchers' notes on the
+    rendezvous store (one per torchelastic attempt)."""
+    from accord.core.rendezvous import attempt_prefix
+
+    return f"{attempt_prefix()}accord/"
+
+
+def beat_key(prefix: str, member: int) -> str:
+    """The key of member ``member``'s heartbeat counter."""
+    return f"{prefix}liveness/count/{member}"
+
+
+def lost_key(prefix: str, member: int) -> str:
+    """The key where a launcher writes how member ``member``'s process ended
+    (``"killed by SIGKILL"``): the survivors need not wait for its heartbeat to stand
+    still, and their message says it."""
+    return f"{prefix}lost/{member}"
 
 
 @dataclass(frozen=True)
@@ -90,6 +118,8 @@ class Liveness:
         )
 
     def _key(self, kind: str, member: int) -> str:
+        if kind == "count":
+            return beat_key(self.prefix, member)
         return f"{self.prefix}liveness/{kind}/{member}"
 
     def start(self, describe: Callable[[], str] | None = None) -> None:

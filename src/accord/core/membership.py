@@ -8,11 +8,15 @@ checks (``rank`` before ``setup`` is an error that says so) are written here onc
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
 from accord.core.collective import Collective
-from accord.errors import AccordError
+from accord.errors import AccordError, CollectiveError
+
+if TYPE_CHECKING:
+    from accord.core.regroup import Regrouped
 
 __all__ = ["MemberCollective"]
 
@@ -41,6 +45,23 @@ class MemberCollective(Collective):
         one that names the ranks that are gone or elsewhere; None when this collective
         cannot tell (the default)."""
         return None
+
+    @property
+    def can_regroup(self) -> bool:
+        """Whether `regroup` can form a new group of the survivors of a lost rank."""
+        return False
+
+    def regroup(self, progress: dict[str, Any]) -> Regrouped:
+        """Form a new group of the ranks left after a failed wait (see
+        `accord.core.process_group.ProcessGroupCollective.regroup`).
+
+        Raises:
+            CollectiveError: this collective cannot (the default).
+        """
+        raise CollectiveError(
+            f"{type(self).__name__} cannot go on without a lost rank: it cannot form a new "
+            "group of the ranks left."
+        )
 
     @property
     @override

@@ -26,9 +26,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from typing_extensions import Self, override
 
 from accord.core.backend_threads import LentTensors, settle_at_exit
-from accord.core.liveness import Liveness, lost_ranks_error
+from accord.core.connections import GroupConnections
+from accord.core.liveness import Liveness, lost_ranks_error, members_prefix
 from accord.core.membership import MemberCollective
-from accord.core.rendezvous import attempt_prefix, init_group_on_shared_store
+from accord.core.regroup import Regrouped, Regrouping
+from accord.core.rendezvous import init_group_on_prefix, init_group_on_shared_store
 from accord.core.rendezvous_address import Rendezvous, find_rendezvous
 from accord.core.timeouts import BackendTimeouts, as_timedelta, timeout_from_env
 from accord.errors import AccordError, CollectiveError, ConfigurationError, is_communication_error
@@ -76,6 +78,9 @@ class ProcessGroupCollective(MemberCollective):
         self._lent = LentTensors()
         self._guards: dict[str, BackendTimeouts] = {}
         self.liveness: Liveness | None = None
+        self._regrouping: Regrouping | None = None
+        self._connections = GroupConnections()
+        self._meeting: Rendezvous | None = None
         super().__init__()
 
     # ----------------------------------------------------------------- identity
@@ -162,23 +167,38 @@ class ProcessGroupCollective(MemberCollective):
             if meeting.init_method is not None:
                 self._init_with_method(backend, meeting)
             else:
-                init_group_on_shared_store(
+                store, prefix = init_group_on_shared_store(
                     backend,
                     meeting.address,
                     meeting.port,
                     meeting.rank,
                     meeting.world_size,
                     self.timeout,
+                    self._connections,
                 )
                 self._join()
                 self._start_heartbeat(meeting)
+                self._meeting = meeting
+                self._regrouping = Regrouping(
+                    store,
+                    prefix,
+                    members_prefix(),
+                    meeting.rank,
+                    range(meeting.world_size),
+                    self.timeout,
+                )
             self._created = True
         self._rank = dist.get_rank(self._group)
         self._world_size = dist.get_world_size(self._group)
         if self._world_size > 1:
             settle_at_exit()  # the backend's threads may hold Python objects at exit
         self._ready = True
+        self._adopt()
         return self
+
+    def _adopt(self) -> None:
+        """Run once the group is ready (after `setup`, and after `regroup` made a new one):
+        a subclass caches what its ops use of the group."""
 
     def rendezvous(
         self,
@@ -213,6 +233,7 @@ class ProcessGroupCollective(MemberCollective):
         if self.liveness is not None:
             self.liveness.stop()
             self.liveness = None
+        self._regrouping = self._meeting = None
         if self._created and dist.is_initialized():
             self._destroy()
         self._ready = False
@@ -228,7 +249,7 @@ class ProcessGroupCollective(MemberCollective):
         self.liveness = Liveness(
             meeting.address,
             meeting.port,
-            f"{attempt_prefix()}accord/",
+            members_prefix(),
             meeting.rank,
             range(meeting.world_size),
         )
@@ -243,6 +264,69 @@ class ProcessGroupCollective(MemberCollective):
         if liveness is None or not is_communication_error(error):
             return None
         return lost_ranks_error(liveness.survey(), self._rank, where, error)
+
+    # ----------------------------------------------------------------- regroup
+    @property
+    @override
+    def can_regroup(self) -> bool:
+        """Whether `regroup` works: this collective created the default group of several
+        ranks on a shared rendezvous store (not under a user's ``init_method``)."""
+        return self._regrouping is not None and self._group is None
+
+    @property
+    def member(self) -> int:
+        """This process's member id: its rank when the group first formed."""
+        return self._regrouping.member if self._regrouping is not None else self.rank
+
+    @override
+    def regroup(self, progress: dict[str, Any]) -> Regrouped:
+        """After a failed wait: drop the group, agree with the other survivors on who is
+        left (`accord.core.regroup`), and form a new default group of them on a fresh key
+        prefix. Every survivor must call it; ``progress`` is what this rank tells the
+        others about itself (it comes back in the result). The rank and world size follow
+        the new group.
+
+        Raises:
+            CollectiveError: this collective cannot regroup (see `can_regroup`).
+            accord.core.regroup.Excluded: the others went on without this rank.
+            RankFailureError: the rendezvous store is gone.
+        """
+        import torch.distributed as dist
+
+        regrouping, meeting = self._regrouping, self._meeting
+        if regrouping is None or meeting is None or self._group is not None:
+            raise CollectiveError(
+                f"{type(self).__name__} cannot regroup: only a group it created itself on "
+                "the rendezvous store can (not one joined from a user's init_process_group "
+                "or init_method, nor a sub-group)."
+            )
+        self._lent.collect()
+        # Closing this rank's connections ends the others' waits on it at once.
+        self._connections.sever()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        regrouped = regrouping.agree(progress)
+        rank = regrouped.rank_of(regrouping.member)
+        self._rank, self._world_size = rank, len(regrouped.members)
+        self._prepare(rank)
+        init_group_on_prefix(
+            self._backend or self._default_backend(),
+            regrouping.store,
+            regrouping.group_prefix(),
+            meeting.address,
+            meeting.port,
+            rank,
+            len(regrouped.members),
+            self.timeout,
+            self._connections,
+        )
+        self._join()
+        self._rank = dist.get_rank()
+        self._world_size = dist.get_world_size()
+        if self.liveness is not None:
+            self.liveness.members = regrouped.members
+        self._adopt()
+        return regrouped
 
     # -------------------------------------------------------- hooks for engines
     def _default_backend(self) -> str:

@@ -23,6 +23,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from accord.core.connections import GroupConnections
 from accord.core.env_vars import env_number
 from accord.errors import CollectiveError, CollectiveTimeoutError
 
@@ -30,6 +31,7 @@ __all__ = [
     "DEFAULT_RENDEZVOUS_TIMEOUT",
     "attempt_prefix",
     "RENDEZVOUS_TIMEOUT_ENV_VAR",
+    "init_group_on_prefix",
     "init_group_on_shared_store",
     "listen_on_loopback",
     "rendezvous_timeout",
@@ -154,14 +156,21 @@ def _rendezvous_store(address: str, port: int, host: bool, timeout: timedelta) -
 
 
 def init_group_on_shared_store(
-    backend: str, address: str, port: int, rank: int, world_size: int, timeout: timedelta
-) -> None:
-    """Create the default process group on this process's store for ``address:port``.
+    backend: str,
+    address: str,
+    port: int,
+    rank: int,
+    world_size: int,
+    timeout: timedelta,
+    connections: GroupConnections | None = None,
+) -> tuple[Any, str]:
+    """Create the default process group on this process's store for ``address:port``;
+    return the store and the group's key prefix on it.
 
     The ranks first wait for each other on the store, at most `rendezvous_timeout()`; a
     rank that cannot reach the store, or ranks that never arrive, end the wait with a
     `CollectiveTimeoutError` naming the address and the missing ranks. ``timeout`` then
-    bounds every op of the group.
+    bounds every op of the group. ``connections`` notes the sockets the group opens.
     """
     import torch.distributed as dist
 
@@ -183,6 +192,31 @@ def init_group_on_shared_store(
             missing_ranks=[0],
         ) from err
     prefix = f"{attempt_prefix()}accord/{generation}/"
+    init_group_on_prefix(
+        backend, store, prefix, address, port, rank, world_size, timeout, connections
+    )
+    return store, prefix
+
+
+def init_group_on_prefix(
+    backend: str,
+    store: Any,
+    prefix: str,
+    address: str,
+    port: int,
+    rank: int,
+    world_size: int,
+    timeout: timedelta,
+    connections: GroupConnections | None = None,
+) -> None:
+    """Create the default process group on ``store``'s keys under ``prefix`` (a prefix no
+    group used before), once every rank checked in there (see `init_group_on_shared_store`;
+    ``address`` and ``port`` are where the store is served, for the messages).
+    ``connections`` notes the sockets the group opens."""
+    import torch.distributed as dist
+
+    wait = rendezvous_timeout()
+    store.set_timeout(wait)
     group_store = dist.PrefixStore(prefix, store)  # type: ignore[attr-defined]
     _wait_for_every_rank(group_store, address, port, rank, world_size, wait)
     # From here on the store serves the group's own traffic (gloo's connections, sub-groups),
@@ -190,9 +224,13 @@ def init_group_on_shared_store(
     store.set_timeout(timeout)
     if "gloo" in backend and _loopback(address, port) is not None:
         _gloo_on_loopback()
+    if connections is not None:
+        connections.before()
     dist.init_process_group(
         backend, store=group_store, rank=rank, world_size=world_size, timeout=timeout
     )
+    if connections is not None:
+        connections.after(port)
 
 
 def _agent_serves_store() -> bool:

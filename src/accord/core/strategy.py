@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import abstractmethod
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
 from lightning_utilities.core.rank_zero import rank_zero_only
@@ -61,6 +61,11 @@ class Strategy(StrategyTraining, StrategyCommunication, StrategyCheckpointing):
     `default_collective` in a subclass: nothing in a strategy calls a backend's
     communication functions except through ``self.collective``.
     """
+
+    survives_rank_loss: ClassVar[bool] = False
+    """Whether a fit can go on without a lost rank (``Trainer(on_rank_loss="continue")``):
+    every rank holds the whole training state, and `rewrap` wraps the module for the
+    group the survivors form."""
 
     def __init__(
         self,
@@ -127,6 +132,7 @@ class Strategy(StrategyTraining, StrategyCommunication, StrategyCheckpointing):
                 given if given is not None else self.default_collective(),
                 debug=self.debug,
                 stats=self.collective_stats,
+                watchdog=self.run_settings.on_rank_loss != "continue",
             )
         return self._collective
 
@@ -238,7 +244,15 @@ class Strategy(StrategyTraining, StrategyCommunication, StrategyCheckpointing):
         """Decide `launcher`; called once the Trainer has filled in devices and environment."""
 
     def configure_run(self, settings: RunSettings) -> None:
-        """Take the Trainer's settings for the run about to start (before `setup_module`)."""
+        """Take the Trainer's settings for the run about to start (before
+        `setup_environment`)."""
+        wrapped = self._collective
+        if (
+            wrapped is not None
+            and not wrapped.is_setup
+            and settings.on_rank_loss != self.run_settings.on_rank_loss
+        ):
+            self._collective = None  # wrapped again: with or without the watchdog
         self.run_settings = settings
 
     def setup_environment(self) -> None:
@@ -267,6 +281,12 @@ class Strategy(StrategyTraining, StrategyCommunication, StrategyCheckpointing):
         if self.run_settings.sync_batchnorm:
             module = convert_sync_batchnorm(module, self.collective)
         return self.precision.convert_module(module.to(self.root_device))
+
+    def rewrap(self, module: nn.Module) -> nn.Module:
+        """``module`` (as `setup_module` returned it) wrapped anew for the group the
+        collective has after `regroup`: a strategy whose wrapper holds the old group
+        replaces it; the default returns ``module``. Every rank of the new group calls it."""
+        return module
 
     def setup_optimizers(
         self, module: nn.Module, optimizers: list[torch.optim.Optimizer]

@@ -20,7 +20,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from typing_extensions import override
 
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import (
+    EXCLUDED_EXIT_CODE,
     PREEMPTED_EXIT_CODE,
     ConfigurationError,
     NonFiniteValueError,
@@ -43,6 +45,9 @@ _log = logging.getLogger(__name__)
 
 _PARENT_ENV = "ACCORD_PARENT_PID"
 _POLL_SECONDS = 0.2
+# How a child may end without failing the run: done, stopped for a preemption, or left
+# out of its group by the others (on_rank_loss="continue").
+_FINE = (0, PREEMPTED_EXIT_CODE, EXCLUDED_EXIT_CODE)
 
 
 class SubprocessScriptLauncher(Launcher):
@@ -74,6 +79,8 @@ class SubprocessScriptLauncher(Launcher):
         self._failure: tuple[int, int] | None = None
         self._handling = False
         self._handled = threading.Event()
+        # The children lost while the run went on without them (local rank: exit code).
+        self._lost: dict[int, int] = {}
 
     @override
     def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -146,9 +153,7 @@ class SubprocessScriptLauncher(Launcher):
             failure = self._dead_child()
             if failure is not None:
                 return self._record(failure)
-            if time.monotonic() >= deadline or all(
-                c.poll() in (0, PREEMPTED_EXIT_CODE) for c in self.children
-            ):
+            if time.monotonic() >= deadline or all(c.poll() in _FINE for c in self.children):
                 return None
             time.sleep(_POLL_SECONDS / 4)
 
@@ -157,7 +162,7 @@ class SubprocessScriptLauncher(Launcher):
         dead = []
         for local_rank, child in enumerate(self.children, start=1):
             code = child.poll()
-            if code not in (None, 0, PREEMPTED_EXIT_CODE):
+            if code is not None and code not in _FINE and local_rank not in self._lost:
                 dead.append((local_rank, int(code)))
         # A rank killed by a signal did not see anything go wrong: the others that exited
         # with an error most likely lost contact with it.
@@ -230,12 +235,57 @@ class SubprocessScriptLauncher(Launcher):
     def _watch_children(self) -> None:
         while not self._handling:
             failure = self._dead_child()
+            if failure is not None and self.survive_rank_loss:
+                self._note_lost(*failure)
+                continue
             if failure is not None:
                 self._fail(failure)
                 return
-            if all(child.poll() in (0, PREEMPTED_EXIT_CODE) for child in self.children):
+            if all(
+                child.poll() in _FINE or local_rank in self._lost
+                for local_rank, child in enumerate(self.children, start=1)
+            ):
                 return
             time.sleep(_POLL_SECONDS)
+
+    def _note_lost(self, local_rank: int, code: int) -> None:
+        """A child died while the run goes on without it: say so, and leave its cause on
+        the rendezvous store, where the other ranks look when they regroup."""
+        self._lost[local_rank] = code
+        member = self.cluster_environment.node_rank() * self.num_processes + local_rank
+        _log.warning(
+            "local rank %d (rank %d) %s; the others go on without it.",
+            local_rank,
+            member,
+            _how(code),
+        )
+        try:
+            import torch.distributed as dist
+
+            from accord.core.liveness import lost_key, members_prefix
+
+            env = self.cluster_environment
+            store = dist.TCPStore(  # type: ignore[attr-defined]
+                env.main_address,
+                env.main_port,
+                is_master=False,
+                timeout=timedelta(seconds=10),
+                wait_for_workers=False,
+            )
+            store.set(lost_key(members_prefix(), member), _cause(code))
+        except Exception:  # no store (yet, or any more): the heartbeats tell them anyway
+            _log.debug("could not note rank %d's loss on the store", member, exc_info=True)
+
+    @override
+    def members_lost(self, members: Sequence[int]) -> None:
+        """Stop the children among ``members`` that still run (a frozen rank the others
+        left out), so no process is left behind."""
+        first = self.cluster_environment.node_rank() * self.num_processes
+        for local_rank, child in enumerate(self.children, start=1):
+            if first + local_rank in members and child.poll() is None:
+                child.kill()
+                child.wait()
+                self._lost.setdefault(local_rank, int(child.returncode))
 
     def _fail(self, failure: tuple[int, int]) -> None:
         if self._record(failure, from_watcher=True) is None:
@@ -280,13 +330,23 @@ class SubprocessScriptLauncher(Launcher):
                     self.failure_grace,
                 )
                 continue
-            if not reported and code not in (0, PREEMPTED_EXIT_CODE):
+            if not reported and code not in _FINE and local_rank not in self._lost:
                 _log.warning(
                     "local rank %d %s as it exited, after rank 0 had finished; its output "
                     "above says why.",
                     local_rank,
                     _how(code),
                 )
+
+
+def _cause(code: int) -> str:
+    """How a child ended, in a word or two (``"SIGKILL"``, ``"exit code 1"``)."""
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
 
 
 def _how(code: int) -> str:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHECKPOINT_VERSION",
+    "adopt_state",
     "checkpoint_state",
     "epoch_batches",
     "resolve_ckpt_path",
@@ -145,6 +146,32 @@ def _full_state(trainer: Trainer, state: RunState) -> dict[str, Any]:
         "rng_epoch_start": state.rng_epoch_start,
         "rng": torch.get_rng_state(),
     }
+
+
+def adopt_state(trainer: Trainer, state: RunState, checkpoint: dict[str, Any]) -> None:
+    """Take another rank's training state (`checkpoint_state` there) as this rank's own,
+    in the middle of a fit: weights, optimizers, schedulers, precision, callbacks, the
+    datamodule's state, the counters, the position in the epoch and the RNG. No hook runs:
+    this is the same run, caught up, not a checkpoint loaded."""
+    strategy = trainer.strategy
+    assert state.wrapped is not None
+    strategy.load_module_state_dict(state.wrapped, checkpoint["state_dict"], True)
+    for optimizer, optimizer_state in zip(
+        state.optimizers, checkpoint["optimizer_states"], strict=True
+    ):
+        strategy.load_optimizer_state_dict(optimizer, optimizer_state)
+    for config, scheduler_state in zip(state.schedulers, checkpoint["lr_schedulers"], strict=True):
+        config.scheduler.load_state_dict(scheduler_state)
+    strategy.load_precision_state_dict(checkpoint.get("precision", {}))
+    for cb in trainer.callbacks:
+        if cb.state_key in checkpoint["callbacks"]:
+            cb.load_state_dict(checkpoint["callbacks"][cb.state_key])
+    if trainer.datamodule is not None:
+        trainer.datamodule.load_state_dict(checkpoint["datamodule"])
+    trainer.global_step = int(checkpoint["global_step"])
+    trainer.current_epoch = int(checkpoint["epoch"])
+    state.batches_done = int(checkpoint["batches_done"])
+    torch.set_rng_state(checkpoint["rng"])
 
 
 def _pending_schedulers(trainer: Trainer, state: RunState) -> list[int]:
@@ -382,6 +409,10 @@ def epoch_batches(
         state.epoch_order, state.epoch_samples_start = order, consumed
         state.epoch_batch_start = state.batches_done = start
         return iter(resume_loader(loader, order, consumed, replicas, rank)), start
+    survival = state.survival
+    if survival is not None and survival.changes:
+        # The group lost ranks earlier in the fit: the epoch keeps its global batch.
+        return survival.batches(loader, skip), skip
     iterator = iter(loader)
     for _ in range(skip):
         next(iterator, None)

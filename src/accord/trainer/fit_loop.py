@@ -19,6 +19,7 @@ from accord.trainer.data import num_batches, prepare_loader, set_epoch
 from accord.trainer.evaluation_loop import evaluate, log_metrics
 from accord.trainer.manual_loop import manual_epoch
 from accord.trainer.preemption import SignalFlag, save_and_stop
+from accord.trainer.rank_loss import Position
 from accord.trainer.sources import LoaderSource
 from accord.trainer.state import RunState
 from accord.trainer.training_epoch import TrainingEpoch, warn_eval_mode
@@ -109,12 +110,34 @@ class FitLoop:
             if model.automatic_optimization:
                 epoch = TrainingEpoch(self)
                 epoch.run(loader, self.val_loader)
+                if epoch.ended_elsewhere:
+                    continue  # a survivor ahead of this rank ended it; its state came over
             else:
                 epoch = None
                 manual_epoch(self, loader, self.val_loader)
-            self._end_epoch(epoch)
+            self._finish_epoch(epoch)
         hooks.call("on_train_end")
         state.running = None
+
+    def _finish_epoch(self, epoch: TrainingEpoch | None) -> None:
+        """`_end_epoch`; under ``on_rank_loss="continue"``, run again on the survivors of a
+        lost rank (`accord.trainer.rank_loss`), unless a survivor was already past it."""
+        survival, trainer = self.state.survival, self.trainer
+        while True:
+            try:
+                self._end_epoch(epoch)
+                return
+            except Exception as err:
+                if survival is None or not survival.handles(err):
+                    raise
+                current = trainer.current_epoch
+                position = Position(
+                    current, trainer.global_step, "epoch_end", int(trainer.num_training_batches)
+                )
+                survival.recover(err, position)
+                self.discard_window()
+                if trainer.current_epoch != current:
+                    return
 
     def _end_epoch(self, epoch: TrainingEpoch | None) -> None:
         """The epoch's end, in Lightning's order: its training metrics synced, the other

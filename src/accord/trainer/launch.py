@@ -149,6 +149,7 @@ def launch(trainer: Trainer, stage: str, model: Module, *args: Any) -> Any:
     launcher = trainer.strategy.launcher
     if launcher is None:
         return trainer._run(stage, model, *args)
+    launcher.survive_rank_loss = stage == "fit" and trainer.on_rank_loss == "continue"
     if launcher.runs_in_caller:
         return launcher.launch(trainer._run, stage, model, *args)
     results: RankZeroResults | None = launcher.launch(trainer._run_rank, stage, model, *args)
@@ -253,5 +254,6 @@ def picklable_state(trainer: Trainer) -> dict[str, Any]:
         val_loader=None,
         eval_loaders={},
         prepare_train=None,
+        survival=None,
     )
     return {**trainer.__dict__, "_state": state}

@@ -44,6 +44,7 @@ from accord.trainer.fit_loop import FitLoop, train_preparer
 from accord.trainer.hooks import RunHooks, check_hook_names, overridden
 from accord.trainer.metrics import MetricStore
 from accord.trainer.optimizers import configure_optimizers
+from accord.trainer.rank_loss import Survival
 from accord.trainer.sources import LoaderSource, eval_source, fit_sources
 from accord.trainer.state import RunState
 from accord.trainer.stepping import apply_step
@@ -76,11 +77,6 @@ def run_stage(
     trainer.stage = stage
     state.module, state.interrupted, state.ckpt_path = model, False, None
     strategy = trainer.strategy
-    recorder = _start_recording(trainer)
-    model.trainer = trainer
-    _attach_module_callbacks(trainer, model)
-    hooks = state.hooks = RunHooks(trainer, model, trainer.callbacks, trainer.datamodule)
-    check_hook_names(model, trainer.callbacks)
     strategy.configure_run(
         RunSettings(
             accumulate_grad_batches=trainer.accumulate_grad_batches,
@@ -88,8 +84,14 @@ def run_stage(
             gradient_clip_algorithm=trainer.gradient_clip_algorithm,
             manual_optimization=not model.automatic_optimization,
             sync_batchnorm=trainer.sync_batchnorm,
+            on_rank_loss=trainer.on_rank_loss if stage == "fit" else "fail",
         )
     )
+    recorder = _start_recording(trainer)
+    model.trainer = trainer
+    _attach_module_callbacks(trainer, model)
+    hooks = state.hooks = RunHooks(trainer, model, trainer.callbacks, trainer.datamodule)
+    check_hook_names(model, trainer.callbacks)
     state.metrics = MetricStore()
     trainer.logger_step = trainer.global_step
     strategy.report_progress(lambda: _progress(trainer, state, stage))
@@ -256,6 +258,11 @@ def _setup_fit(trainer: Trainer, state: RunState, model: Module, source: LoaderS
     state.step_optimizers = [
         StrategyOptimizer(o, model, apply_step(trainer)) for o in state.optimizers
     ]
+    state.survival = None
+    if trainer.on_rank_loss == "continue" and trainer.strategy.world_size > 1:
+        survival = Survival(trainer, state)
+        survival.check_fit()
+        state.survival = survival
 
 
 def _finish_profiling(trainer: Trainer, recorder: RecordingCollective | None, stage: str) -> None:

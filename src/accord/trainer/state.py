@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from accord.module_optimization import StrategyOptimizer
     from accord.trainer.fit_loop import FitLoop
     from accord.trainer.hooks import RunHooks
+    from accord.trainer.rank_loss import Survival
     from accord.trainer.sources import LoaderSource
 
 __all__ = ["RankZeroResults", "RunState"]
@@ -64,6 +65,8 @@ class RunState:
         prepare_train: makes `train_loader` (and the batch count) when called, until the
             fit loop or `Trainer.estimated_stepping_batches` did.
         train_source: where the fit's training loader comes from.
+        survival: how the fit goes on without a lost rank (``on_rank_loss="continue"``
+            with several ranks), else None.
         fit_loop: the fit loop running, or None.
         last_loss: the loss of the last training batch that counted (None: skipped).
         hooks: the run's resolved hooks.
@@ -103,6 +106,7 @@ class RunState:
     hooks: RunHooks | None = None
     step_optimizers: list[StrategyOptimizer] = field(default_factory=list)
     verbose: bool = True
+    survival: Survival | None = None
 
     def samples_consumed(self) -> int | None:
         """Positions of the current epoch's global order consumed so far, on all ranks

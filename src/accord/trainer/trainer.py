@@ -26,6 +26,7 @@ from accord.trainer import arguments, checkpointing, launch
 from accord.trainer.connector import connect
 from accord.trainer.preemption import DEFAULT_PREEMPTION_SIGNALS, SignalLike, parse_signals
 from accord.trainer.properties import TrainerProperties
+from accord.trainer.rank_loss import check_rank_loss_mode
 from accord.trainer.state import RankZeroResults, RunState
 from accord.trainer.step_decision import check_nonfinite_mode
 
@@ -105,6 +106,11 @@ class Trainer(TrainerProperties):
         on_nonfinite: what every rank does when the loss is NaN or infinite on any rank:
             ``"raise"`` (`NonFiniteValueError`, the default), ``"skip_step"`` (no
             optimizer step, the window's gradients dropped) or ``"warn"``.
+        on_rank_loss: what the ranks do when one of them is lost (killed, crashed, frozen
+            past the collective timeout): ``"fail"`` (the default: every rank stops with an
+            error naming the lost one) or ``"continue"`` (DDP family only: the survivors
+            regroup and train on, the same numbers as without the loss; see
+            [Surviving rank loss](../rank-loss.md)).
         auto_resume: when the job was restarted (torchrun's ``--max-restarts``, a
             requeue) and ``fit`` got no ``ckpt_path``, resume from the newest finished
             checkpoint (as ``ckpt_path="last"``).
@@ -160,6 +166,7 @@ class Trainer(TrainerProperties):
         model_registry: str | None = None,
         preemption_signals: SignalLike | Iterable[SignalLike] | None = DEFAULT_PREEMPTION_SIGNALS,
         on_nonfinite: str = "raise",
+        on_rank_loss: str = "fail",
         auto_resume: bool = True,
     ) -> None:
         if model_registry is not None:
@@ -258,6 +265,7 @@ class Trainer(TrainerProperties):
         self.profiler: str | None = flags["profiler"]
         self.preemption_signals = parse_signals(flags["preemption_signals"])
         self.on_nonfinite = check_nonfinite_mode(flags["on_nonfinite"])
+        self.on_rank_loss = check_rank_loss_mode(flags["on_rank_loss"], self.strategy)
         self.auto_resume: bool = flags["auto_resume"]
         self.enable_autolog_hparams: bool = flags["enable_autolog_hparams"]
 

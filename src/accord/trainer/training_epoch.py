@@ -13,7 +13,7 @@ directly. Hooks are looked up once per epoch: one nobody defined costs nothing.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,6 +22,7 @@ from lightning_utilities.core.rank_zero import rank_zero_warn
 from accord.errors import ConfigurationError
 from accord.trainer.evaluation_loop import batch_mover, log_metrics
 from accord.trainer.optimizers import due_schedulers, monitored_value
+from accord.trainer.rank_loss import Position, Survival
 from accord.trainer.step_decision import (
     StepDecision,
     carried_decision,
@@ -105,32 +106,80 @@ class TrainingEpoch:
         self.before_optimizer_step = hooks.event("on_before_optimizer_step")
         self.clip_hook = hooks.module_hook("configure_gradient_clipping")
         self.move = batch_mover(trainer, hooks)
-        self.training_step = strategy.step_function(self.wrapped, "training_step")
         context = strategy.forward_context()
         self.autocast = None if isinstance(context, contextlib.nullcontext) else context
         self.unscale = strategy.precision.scaler is not None
-        self.rank, self.multi_rank = strategy.global_rank, strategy.world_size > 1
         self.custom_step = self.step_hook is not None or any(
             needs_closure(o) for o in state.optimizers
         )
+        self.survival = state.survival
+        self.refresh()
+        # The epoch's size and validation interval, set by `run`.
+        self.total: int | float = 0
+        self.val_every: int | float = 0
+        self.val_loader: Any = None
+        self.ran = self.skipped = 0
+        # The first batch of the window not stepped on yet; the batch in progress (its
+        # output once training_step returned); the last step's batch while its
+        # after-work runs. Kept for a regroup (`resume`).
+        self.window_start = 0
+        self.current: tuple[Any, Any, int] = (None, None, -1)
+        self.after: tuple[Any, torch.Tensor | None, Any, int] | None = None
+        self.after_stage = 0
+        # The epoch's end was reached by a survivor this rank took its state from.
+        self.ended_elsewhere = False
+
+    def refresh(self) -> None:
+        """Resolve what depends on the wrapped module and the group (again after a regroup)."""
+        state, strategy = self.state, self.strategy
+        assert state.wrapped is not None
+        self.wrapped = state.wrapped
+        self.training_step = strategy.step_function(self.wrapped, "training_step")
+        self.rank, self.multi_rank = strategy.global_rank, strategy.world_size > 1
         # Where the gradient reduction carries the decision, every backward carries this
         # rank's bits; with one batch per step (no accumulation window to keep) the loop
         # reads the decision after backward instead of agreeing first.
         self.carried = self.multi_rank and strategy.carries_step_decision(self.wrapped)
         self.overlap = self.carried and self.accumulate == 1
+        survival = self.survival
+        self.weighted = survival is not None and survival.weights is not None
+        self.val_loader = self.loop.val_loader
 
     def run(self, loader: Iterable[Any], val_loader: Any) -> None:
-        """Train on this epoch's batches of ``loader``, validating at the interval."""
+        """Train on this epoch's batches of ``loader``, validating at the interval. Under
+        ``on_rank_loss="continue"``, a lost rank's failed wait regroups the survivors and
+        the unit it struck is run again (`accord.trainer.rank_loss`)."""
+        loop, survival = self.loop, self.survival
+        self.total = self.trainer.num_training_batches
+        self.val_every = loop.val_every(self.total)
+        self.val_loader = val_loader
+        iterator, skip = loop.epoch_iterator(loader)
+        if survival is not None:
+            survival.begin_epoch(loader)
+        self.window_start = skip
+        batches: Iterator[tuple[int, Any]] = enumerate(iterator, start=skip)
+        redo: tuple[Any, torch.Tensor | None, Any, int, int] | None = None
+        while True:
+            try:
+                if redo is None or not self.after_batch(*redo):
+                    self.train(batches)
+                break
+            except Exception as err:
+                if survival is None or not survival.handles(err):
+                    raise
+                resumed = self.resume(survival, err)
+                if resumed is None:
+                    return
+                batches, redo = resumed
+        if self.ran and self.skipped == self.ran:
+            loop.warn_all_skipped()
+
+    def train(self, batches: Iterator[tuple[int, Any]]) -> None:
+        """The batches from ``batches`` to the epoch's end (or a stop)."""
         loop, trainer, state, strategy = self.loop, self.trainer, self.state, self.strategy
         metrics, accumulate, wrapped = state.metrics, self.accumulate, self.wrapped
-        total = trainer.num_training_batches
-        val_every = loop.val_every(total)
-        check_val = val_loader is not None and trainer.has_validation
-        log_every, max_steps = trainer.log_every_n_steps, trainer.max_steps
-        schedulers = state.schedulers
-        ran = skipped = 0
-        iterator, skip = loop.epoch_iterator(loader)
-        for batch_idx, batch in enumerate(iterator, start=skip):
+        total, schedulers = self.total, state.schedulers
+        for batch_idx, batch in batches:
             if batch_idx >= total:
                 break
             loop.total_batches += 1
@@ -140,6 +189,7 @@ class TrainingEpoch:
             state.is_last_batch = last
             batch = self.move(batch)
             metrics.batch = batch
+            self.current = (None, batch, batch_idx)
             strategy.on_train_batch_start(batch_idx, last, is_step)
             starts = self.batch_start or self.module_batch_start is not None
             if starts and self.call_batch_start(batch, batch_idx):
@@ -153,36 +203,102 @@ class TrainingEpoch:
                 output = self.forward_backward(batch, batch_idx)
                 if loop.window_has_backward:
                     self.step_optimizers()
-            ran += 1
+            self.ran += 1
             loss = state.last_loss
-            skipped += loss is None
+            self.skipped += loss is None
             if is_step:
                 loop.window_has_backward = False
                 trainer.global_step += 1
                 if schedulers:
                     self.step_schedulers("step", batch_idx + 1, plateau=False)
-            if schedulers and last:
-                self.step_schedulers("epoch", trainer.current_epoch + 1, plateau=False)
-            if metrics.step_values:
-                step_metrics = metrics.flush_step(strategy)
-                if is_step and log_every and trainer.global_step % log_every == 0:
-                    log_metrics(trainer, step_metrics)
-            state.batches_done = batch_idx + 1
-            if self.batch_end:
-                outputs = batch_output(output, loss, accumulate)
-                for hook in self.batch_end:
-                    hook(outputs, batch, batch_idx)
-            if loop.preempt_ranks and is_step:
-                loop.preempt()
-            if (
-                (check_val and (batch_idx + 1) % val_every == 0)
-                or trainer.should_stop
-                or trainer.global_step == max_steps
-                or not loop.counts_epoch_batches
-            ) and loop.after_batch(batch_idx, val_every, val_loader):
+                if schedulers and last:
+                    self.step_schedulers("epoch", trainer.current_epoch + 1, plateau=False)
+                self.window_start = batch_idx + 1
+                self.after = (output, loss, batch, batch_idx)
+                self.after_stage = 0
+            if self.after_batch(output, loss, batch, batch_idx):
                 break
-        if ran and skipped == ran:
-            loop.warn_all_skipped()
+
+    def after_batch(
+        self, output: Any, loss: torch.Tensor | None, batch: Any, batch_idx: int, stage: int = 0
+    ) -> bool:
+        """What follows a batch, from ``stage`` on: its step's metrics and logging (stage
+        0), each ``on_train_batch_end`` hook (1 to n), a preemption's save at a step (n +
+        1), validation at its interval (n + 2). `after_stage` follows, so a regroup runs
+        the interrupted stage again, not the ones done. Returns whether the epoch stops."""
+        loop, trainer, state, strategy = self.loop, self.trainer, self.state, self.strategy
+        metrics, accumulate, hooks = state.metrics, self.accumulate, self.batch_end
+        is_step = batch_idx + 1 == self.total or (batch_idx + 1) % accumulate == 0
+        if stage == 0 and metrics.step_values:
+            step_metrics = metrics.flush_step(strategy)
+            log_every = trainer.log_every_n_steps
+            if is_step and log_every and trainer.global_step % log_every == 0:
+                log_metrics(trainer, step_metrics)
+        state.batches_done = batch_idx + 1
+        if hooks:
+            outputs = batch_output(output, loss, accumulate)
+            for index in range(max(stage - 1, 0), len(hooks)):
+                self.after_stage = index + 1
+                hooks[index](outputs, batch, batch_idx)
+        self.after_stage = len(hooks) + 1
+        if loop.preempt_ranks and is_step and stage <= len(hooks) + 1:
+            loop.preempt()
+        self.after_stage = len(hooks) + 2
+        val_loader = self.val_loader
+        stop = (
+            (
+                (val_loader is not None and trainer.has_validation)
+                and (batch_idx + 1) % self.val_every == 0
+            )
+            or trainer.should_stop
+            or trainer.global_step == trainer.max_steps
+            or not loop.counts_epoch_batches
+        ) and loop.after_batch(batch_idx, self.val_every, val_loader)
+        self.after = None
+        return stop
+
+    def resume(
+        self, survival: Survival, error: BaseException
+    ) -> (
+        tuple[Iterator[tuple[int, Any]], tuple[Any, torch.Tensor | None, Any, int, int] | None]
+        | None
+    ):
+        """Regroup after ``error`` and say how this epoch goes on: the batches from the
+        window every survivor runs again, and the after-work to run first (of the last
+        step taken), if that is what was interrupted. None when the epoch has ended (a
+        survivor this rank took its state from was past it)."""
+        trainer, state = self.trainer, self.state
+        epoch = trainer.current_epoch
+        after = self.after is not None
+        position = Position(
+            epoch,
+            trainer.global_step,
+            "after" if after else "window",
+            self.window_start,
+            self.after_stage if after else 0,
+        )
+        resumed = survival.recover(error, position)
+        self.refresh()
+        self.loop.discard_window()
+        if trainer.current_epoch != epoch:
+            self.ended_elsewhere = True
+            return None
+        target = resumed.position
+        redo = None
+        if target.unit == "after":
+            if self.after is not None:
+                redo = (*self.after, target.stage)
+            else:  # this rank had not taken the step: its batch in progress
+                output, batch, batch_idx = self.current
+                loss = state.last_loss if output is not None else None
+                redo = (output, loss, batch, batch_idx, target.stage)
+        self.window_start = target.window_start
+        assert state.train_loader is not None
+        batches = enumerate(
+            survival.batches(state.train_loader, target.window_start), start=target.window_start
+        )
+        self.weighted = True
+        return batches, redo
 
     def call_batch_start(self, batch: Any, batch_idx: int) -> bool:
         """The ``on_train_batch_start`` hooks; True when the module's returned ``-1``: the
@@ -208,6 +324,7 @@ class TrainingEpoch:
             with self.autocast:
                 output = self.training_step(batch, batch_idx)
         metrics.in_step = False
+        self.current = (output, batch, batch_idx)
         loss = output if type(output) is torch.Tensor else loss_of(output)
         first = batch_idx % self.accumulate == 0
         if self.overlap:
@@ -228,10 +345,18 @@ class TrainingEpoch:
         if loss is not None and not self.overlap:
             if self.accumulate > 1:
                 loss = loss / self.accumulate
-            total = strategy.step_decision_term(wrapped, 0, loss) if self.carried else loss
+            counted = self.weigh(loss, batch_idx) if self.weighted else loss
+            total = strategy.step_decision_term(wrapped, 0, counted) if self.carried else counted
             self.backward(loss, total)
         state.last_loss = loss
         return output
+
+    def weigh(self, loss: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        """``loss`` as much as batch ``batch_idx`` counts in its step, after a regroup
+        dealt the step's samples over fewer ranks (`accord.trainer.data.window_loader`)."""
+        assert self.survival is not None
+        weight = self.survival.weight(batch_idx)
+        return loss if weight == 1.0 else loss * weight
 
     def agree(self, loss: torch.Tensor | None, batch_idx: int) -> torch.Tensor | None:
         """The ranks' decision on this batch (one collective with several ranks); the loss
@@ -249,7 +374,8 @@ class TrainingEpoch:
         strategy, wrapped = self.strategy, self.wrapped
         signalled = self.loop.signals.received is not None
         bits = local_bits(strategy, loss, check_loss=True, signalled=signalled)
-        term = strategy.step_decision_term(wrapped, bits, loss)
+        counted = self.weigh(loss, batch_idx) if self.weighted and loss is not None else loss
+        term = strategy.step_decision_term(wrapped, bits, counted)
         if first:
             self.zero_grad(batch_idx)
         if loss is not None:

@@ -88,7 +88,11 @@ def maybe_watchdog(collective: Collective) -> Collective:
 
 
 def wrap_collective(
-    collective: Collective, *, debug: bool = False, stats: CollectiveStats | None = None
+    collective: Collective,
+    *,
+    debug: bool = False,
+    stats: CollectiveStats | None = None,
+    watchdog: bool = True,
 ) -> Collective:
     """``collective`` with the wrappers a strategy asks for and the environment turns on.
 
@@ -96,6 +100,8 @@ def wrap_collective(
         collective: the backend collective (or one a user already wrapped).
         debug: check every call (`DebugCollective`), whatever ``ACCORD_DEBUG_COLLECTIVES`` says.
         stats: count calls and time into these statistics (`InstrumentedCollective`).
+        watchdog: let ``ACCORD_COLLECTIVE_TIMEOUT`` add a `WatchdogCollective` (False
+            where ranks may be lost and the run goes on: its store lives on rank 0).
 
     With the debug check or the watchdog on (or ``ACCORD_TRACE_DIR`` set), a
     `RecordingCollective` sits closest to the backend (`maybe_record`).
@@ -105,7 +111,7 @@ def wrap_collective(
         wrapped = DebugCollective(wrapped)
     if stats is not None and not has_layer(wrapped, InstrumentedCollective):
         wrapped = InstrumentedCollective(wrapped, stats)
-    return maybe_watchdog(wrapped)
+    return maybe_watchdog(wrapped) if watchdog else wrapped
 
 
 def maybe_record(collective: Collective, *, debug: bool = False) -> Collective:

@@ -114,21 +114,25 @@ class TorchCollective(ProcessGroupCollective):
             return self
         if self._group is not None:
             check_membership(self._group, type(self).__name__)
-        super().setup(
+        return super().setup(
             rank=rank,
             world_size=world_size,
             main_address=main_address,
             main_port=main_port,
             **kwargs,
         )
+
+    @override
+    def _adopt(self) -> None:
         self._native_mean = _averages_natively(self.backend)
         import torch.distributed as dist
         from torch._C._distributed_c10d import AllgatherOptions
 
+        self._meshes.clear()
+        self._reduce_options.clear()
         self._direct = self.process_group
         self._coalescing = dist.distributed_c10d._world.pg_coalesce_state
         self._gather_options = AllgatherOptions()
-        return self
 
     def __getstate__(self) -> dict[str, Any]:
         # A process group and torch's options objects do not pickle: a copy calls the

@@ -68,6 +68,8 @@ class DDPStrategy(ParallelStrategy):
             as `ParallelStrategy`.
     """
 
+    survives_rank_loss = True
+
     def __init__(
         self,
         accelerator: Accelerator | None = None,
@@ -149,6 +151,15 @@ class DDPStrategy(ParallelStrategy):
         if self.gradient_sync == "collective" or self.collective.wants_engine_traffic:
             wrapped.register_comm_hook(self.collective, _ddp_gradient_bucket_hook)
         return wrapped
+
+    @override
+    def rewrap(self, module: nn.Module) -> nn.Module:
+        """A new `DistributedDataParallel` on the new group; the old wrapper's reducer lets
+        go of the parameters first (its hooks would reduce on the old group)."""
+        if not isinstance(module, DistributedDataParallel):
+            return module
+        module._remove_autograd_hooks()  # type: ignore[no-untyped-call]
+        return self.setup_module(self.unwrap(module))
 
     @property
     def process_group(self) -> dist.ProcessGroup | None:
