@@ -34,6 +34,9 @@ class StrategyCommunication(ABC):
     """Communication helpers every `Strategy` has; see `Strategy` for the rest."""
 
     collective_stats: CollectiveStats | None
+    membership: tuple[int, int] | None = None
+    """This process's rank and the world size since a `regroup` (None before any): they
+    hold after the run, and the next run's group is formed of the same ranks."""
 
     @property
     @abstractmethod
@@ -156,6 +159,7 @@ class StrategyCommunication(ABC):
             )
         regrouped = base.regroup(progress)
         rank_zero_only.rank = base.rank  # type: ignore[attr-defined]
+        self.membership = (base.rank, base.world_size)
         return regrouped
 
     def diagnose(self, error: BaseException, where: str) -> AccordError | None:

@@ -32,6 +32,7 @@ __all__ = [
     "Liveness",
     "Survey",
     "beat_key",
+    "left_key",
     "lost_key",
     "lost_ranks_error",
     "members_prefix",
@@ -54,6 +55,12 @@ def members_prefix() -> str:
 def beat_key(prefix: str, member: int) -> str:
     """The key of member ``member``'s heartbeat counter."""
     return f"{prefix}liveness/count/{member}"
+
+
+def left_key(prefix: str, member: int) -> str:
+    """The key the survivors of a regroup set for each member they went on without, so
+    its launcher stops it if it still runs (frozen)."""
+    return f"{prefix}left/{member}"
 
 
 def lost_key(prefix: str, member: int) -> str:

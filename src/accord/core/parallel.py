@@ -189,6 +189,10 @@ class ParallelStrategy(Strategy):
         env = self.cluster_environment
         if env is None:
             return
+        if self.membership is not None:  # the group went on without lost ranks
+            env.set_global_rank(self.membership[0])
+            env.set_world_size(self.membership[1])
+            return
         env.set_world_size(self.num_nodes * self.num_processes)
         env.set_global_rank(env.node_rank() * self.num_processes + env.local_rank())
 
@@ -221,8 +225,8 @@ class ParallelStrategy(Strategy):
         if env is None:
             return {}
         return {
-            "rank": env.global_rank(),
-            "world_size": env.world_size(),
+            "rank": self.global_rank,
+            "world_size": self.world_size,
             "main_address": env.main_address,
             "main_port": env.main_port,
         }

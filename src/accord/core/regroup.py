@@ -15,7 +15,7 @@ it committed, ...). The survivors meet on keys of the current generation ``g``:
    ``g<g>/decision``; every other survivor reads that list instead of its own, so the
    decision is one for all, taken by whoever got there first, never two;
 4. a member the decision leaves out (it froze, and woke up after the others moved on)
-   must leave: `Excluded`.
+   must leave: `Excluded`. Its key under ``left/`` tells its launcher to stop it.
 
 The new group (generation ``g + 1``) meets on a fresh key prefix, ranks in the order of
 their member ids. The store must outlive every training rank for this to work: it does
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from accord.core.liveness import BEAT_SECONDS, beat_key, lost_key
+from accord.core.liveness import BEAT_SECONDS, beat_key, left_key, lost_key
 from accord.errors import EXCLUDED_EXIT_CODE, RankFailureError
 
 __all__ = ["STALE_SECONDS", "Excluded", "Regrouped", "Regrouping"]
@@ -142,6 +142,8 @@ class Regrouping:
                 m: json.loads(bytes(self.store.get(f"{base}here/{m}")).decode()) for m in members
             }
             lost = tuple(m for m in self.members if m not in members)
+            for m in lost:
+                self.store.set(left_key(self.members_prefix, m), "1")
             causes = self._causes(lost)
         except (RuntimeError, OSError) as err:
             if isinstance(err, RankFailureError):

@@ -29,6 +29,9 @@ from accord.errors import CollectiveError, CollectiveTimeoutError
 
 __all__ = [
     "DEFAULT_RENDEZVOUS_TIMEOUT",
+    "LAUNCHER_STORE_ENV_VAR",
+    "launcher_serves_store",
+    "serve_store",
     "attempt_prefix",
     "RENDEZVOUS_TIMEOUT_ENV_VAR",
     "init_group_on_prefix",
@@ -176,8 +179,9 @@ def init_group_on_shared_store(
 
     wait = rendezvous_timeout()
     try:
-        # Under torchrun the agent serves the store on MASTER_PORT; every rank joins it.
-        host = rank == 0 and not _agent_serves_store()
+        # Under torchrun the agent serves the store on MASTER_PORT (and under accord's
+        # ddp_spawn with on_rank_loss="continue", the launching process); every rank joins.
+        host = rank == 0 and not _agent_serves_store() and not launcher_serves_store()
         store, generation = _rendezvous_store(address, port, host, wait)
     except dist.DistNetworkError as err:
         if rank == 0:  # rank 0 serves the store: it could not listen there
@@ -237,6 +241,31 @@ def _agent_serves_store() -> bool:
     """Whether torchelastic's agent serves the store on ``MASTER_PORT`` (torchrun sets
     ``TORCHELASTIC_USE_AGENT_STORE=True``), so no rank may serve one there."""
     return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+
+LAUNCHER_STORE_ENV_VAR = "ACCORD_LAUNCHER_SERVES_STORE"
+"""Set to ``1`` by a launcher that serves the rendezvous store itself on ``MASTER_PORT``
+(so it outlives every rank), for the ranks it starts: then no rank serves one."""
+
+
+def launcher_serves_store() -> bool:
+    """Whether the launcher that started this rank serves the store (`LAUNCHER_STORE_ENV_VAR`)."""
+    return os.environ.get(LAUNCHER_STORE_ENV_VAR) == "1"
+
+
+def serve_store(address: str, port: int) -> Any:
+    """Serve a rendezvous store on ``address:port`` in this process, for ranks started with
+    `LAUNCHER_STORE_ENV_VAR` set; it lives as long as the returned object."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(  # type: ignore[attr-defined]
+        address,
+        port,
+        is_master=True,
+        timeout=rendezvous_timeout(),
+        wait_for_workers=False,
+        master_listen_fd=listen_on_loopback(address, port),
+    )
 
 
 def attempt_prefix() -> str:

@@ -186,6 +186,8 @@ class Strategy(StrategyTraining, StrategyCommunication, StrategyCheckpointing):
         """Rank of this process among all processes."""
         if self._collective is not None and self._collective.is_setup:
             return self._collective.rank
+        if self.membership is not None:
+            return self.membership[0]
         env = self.cluster_environment
         return env.global_rank() if env is not None else 0
 
@@ -206,6 +208,8 @@ class Strategy(StrategyTraining, StrategyCommunication, StrategyCheckpointing):
         """Number of processes taking part."""
         if self._collective is not None and self._collective.is_setup:
             return self._collective.world_size
+        if self.membership is not None:
+            return self.membership[1]
         env = self.cluster_environment
         return env.world_size() if env is not None else 1
 

@@ -15,7 +15,7 @@ import os
 import signal
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -45,10 +45,6 @@ class Launcher(ABC):
     survive_rank_loss: bool = False
     """When True, a rank that dies does not stop the others: the run goes on without it
     (``Trainer(on_rank_loss="continue")`` sets it for a fit)."""
-
-    def members_lost(self, members: Sequence[int]) -> None:
-        """The run went on without ``members`` (global ranks of the first group): stop
-        those of this launcher's processes that still run. The default has none."""
 
     @property
     def is_interactive_compatible(self) -> bool:

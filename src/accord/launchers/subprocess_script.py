@@ -20,8 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from datetime import timedelta
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +37,7 @@ from accord.errors import (
     is_communication_error,
 )
 from accord.launchers.launcher import Launcher, SignalForwarder, rank_environment
+from accord.launchers.loss_notes import LossNotes
 
 __all__ = ["SubprocessScriptLauncher"]
 
@@ -233,11 +233,14 @@ class SubprocessScriptLauncher(Launcher):
         watcher.start()
 
     def _watch_children(self) -> None:
+        notes = LossNotes(self.cluster_environment) if self.survive_rank_loss else None
         while not self._handling:
             failure = self._dead_child()
-            if failure is not None and self.survive_rank_loss:
-                self._note_lost(*failure)
+            if failure is not None and notes is not None:
+                self._note_lost(notes, *failure)
                 continue
+            if notes is not None:
+                self._stop_left(notes)
             if failure is not None:
                 self._fail(failure)
                 return
@@ -248,44 +251,32 @@ class SubprocessScriptLauncher(Launcher):
                 return
             time.sleep(_POLL_SECONDS)
 
-    def _note_lost(self, local_rank: int, code: int) -> None:
+    def _member(self, local_rank: int) -> int:
+        return self.cluster_environment.node_rank() * self.num_processes + local_rank
+
+    def _note_lost(self, notes: LossNotes, local_rank: int, code: int) -> None:
         """A child died while the run goes on without it: say so, and leave its cause on
         the rendezvous store, where the other ranks look when they regroup."""
         self._lost[local_rank] = code
-        member = self.cluster_environment.node_rank() * self.num_processes + local_rank
+        member = self._member(local_rank)
         _log.warning(
             "local rank %d (rank %d) %s; the others go on without it.",
             local_rank,
             member,
             _how(code),
         )
-        try:
-            import torch.distributed as dist
+        notes.lost(member, code)
 
-            from accord.core.liveness import lost_key, members_prefix
-
-            env = self.cluster_environment
-            store = dist.TCPStore(  # type: ignore[attr-defined]
-                env.main_address,
-                env.main_port,
-                is_master=False,
-                timeout=timedelta(seconds=10),
-                wait_for_workers=False,
-            )
-            store.set(lost_key(members_prefix(), member), _cause(code))
-        except Exception:  # no store (yet, or any more): the heartbeats tell them anyway
-            _log.debug("could not note rank %d's loss on the store", member, exc_info=True)
-
-    @override
-    def members_lost(self, members: Sequence[int]) -> None:
-        """Stop the children among ``members`` that still run (a frozen rank the others
-        left out), so no process is left behind."""
-        first = self.cluster_environment.node_rank() * self.num_processes
+    def _stop_left(self, notes: LossNotes) -> None:
+        """Kill the children the others went on without (a frozen rank), so no process
+        is left behind."""
         for local_rank, child in enumerate(self.children, start=1):
-            if first + local_rank in members and child.poll() is None:
+            if local_rank in self._lost or child.poll() is not None:
+                continue
+            if notes.left(self._member(local_rank)):
                 child.kill()
                 child.wait()
-                self._lost.setdefault(local_rank, int(child.returncode))
+                self._lost[local_rank] = int(child.returncode)
 
     def _fail(self, failure: tuple[int, int]) -> None:
         if self._record(failure, from_watcher=True) is None:
@@ -337,16 +328,6 @@ class SubprocessScriptLauncher(Launcher):
                     local_rank,
                     _how(code),
                 )
-
-
-def _cause(code: int) -> str:
-    """How a child ended, in a word or two (``"SIGKILL"``, ``"exit code 1"``)."""
-    if code < 0:
-        try:
-            return signal.Signals(-code).name
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit code {code}"
 
 
 def _how(code: int) -> str:

@@ -202,6 +202,7 @@ def collect_results(trainer: Trainer, output: Any) -> RankZeroResults:
         current_epoch=trainer.current_epoch,
         global_step=trainer.global_step,
         collective_stats_by_rank=trainer.collective_stats_by_rank,
+        membership=trainer.strategy.membership,
     )
 
 
@@ -223,6 +224,8 @@ def apply_results(trainer: Trainer, results: RankZeroResults) -> None:
     trainer.current_epoch = results.current_epoch
     trainer.global_step = results.global_step
     trainer.collective_stats_by_rank = results.collective_stats_by_rank
+    if results.membership is not None:
+        trainer.strategy.membership = results.membership
 
 
 def run(

@@ -203,9 +203,6 @@ class Survival:
         adopted = positions[member] != target
         if any(p != target for p in positions.values()):
             self._share_state(regrouped.rank_of(source))
-        launcher = strategy.launcher
-        if launcher is not None:
-            launcher.members_lost(regrouped.lost)
         assert state.wrapped is not None
         state.wrapped = strategy.rewrap(state.wrapped)
         self._shard_validation()

@@ -137,6 +137,8 @@ class RankZeroResults:
         current_epoch: `Trainer.current_epoch`.
         global_step: `Trainer.global_step`.
         collective_stats_by_rank: `Trainer.collective_stats_by_rank`.
+        membership: the rank and world size the run ended with, where ranks were lost
+            (`accord.core.strategy.Strategy.membership`), else None.
     """
 
     output: Any
@@ -148,3 +150,4 @@ class RankZeroResults:
     current_epoch: int
     global_step: int
     collective_stats_by_rank: list[dict[str, dict[str, float]]]
+    membership: tuple[int, int] | None = None

@@ -401,9 +401,12 @@ class Trainer(TrainerProperties):
 
     # ----------------------------------------------------------------- launching
     def _run_rank(self, stage: str, model: Module, *args: Any) -> RankZeroResults | None:
-        """`_run` in a rank the launcher started; local rank zero returns its results."""
+        """`_run` in a rank the launcher started; local rank zero returns its results (with
+        ``on_rank_loss="continue"`` every rank does: local rank zero may be lost)."""
         output = self._run(stage, model, *args)
-        return self.rank_zero_results(output) if self.local_rank == 0 else None
+        if self.local_rank == 0 or self.on_rank_loss == "continue":
+            return self.rank_zero_results(output)
+        return None
 
     def __getstate__(self) -> dict[str, Any]:
         # The launching process keeps its own reference; children get a fresh copy.
