@@ -39,6 +39,11 @@ among them: Ctrl+C in a terminal reaches every process of the job already, and a
 zero interrupted alone stops the others through the launcher's failure handling."""
 
 
+PARENT_ENV = "ACCORD_PARENT_PID"
+"""Set in the ranks accord's own ``ddp`` launcher starts: the process id of the launching
+process (the children exit when it is gone)."""
+
+
 class Launcher(ABC):
     """Starts the local ranks, runs ``fn`` on each, and returns local rank zero's result."""
 

@@ -36,14 +36,14 @@ from accord.errors import (
     RankFailureError,
     is_communication_error,
 )
-from accord.launchers.launcher import Launcher, SignalForwarder, rank_environment
+from accord.launchers.launcher import PARENT_ENV, Launcher, SignalForwarder, rank_environment
 from accord.launchers.loss_notes import LossNotes
 
 __all__ = ["SubprocessScriptLauncher"]
 
 _log = logging.getLogger(__name__)
 
-_PARENT_ENV = "ACCORD_PARENT_PID"
+_PARENT_ENV = PARENT_ENV
 _POLL_SECONDS = 0.2
 # How a child may end without failing the run: done, stopped for a preemption, or left
 # out of its group by the others (on_rank_loss="continue").

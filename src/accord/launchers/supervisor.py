@@ -23,15 +23,49 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection, Pipe
 from typing import Any
 
+from typing_extensions import override
+
 from accord.core.regroup import Excluded
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import EXCLUDED_EXIT_CODE, PREEMPTED_EXIT_CODE, Preempted, RankFailureError
-from accord.launchers.launcher import SignalForwarder
+from accord.launchers.launcher import PARENT_ENV, Launcher, SignalForwarder
 from accord.launchers.loss_notes import LossNotes, cause_of
 
-__all__ = ["supervise"]
+__all__ = ["SupervisingLauncher", "supervise"]
 
 _log = logging.getLogger(__name__)
+
+
+class SupervisingLauncher(Launcher):
+    """The launcher of a rank something else started (torchrun, SLURM) in a run that goes
+    on without lost ranks: the work runs in a forked child (`supervise`).
+
+    Args:
+        cluster_environment: where the rendezvous store is served, for the notes on a loss.
+    """
+
+    def __init__(self, cluster_environment: ClusterEnvironment) -> None:
+        self.cluster_environment = cluster_environment
+
+    @classmethod
+    def wanted(cls, cluster_environment: ClusterEnvironment | None) -> bool:
+        """Whether a rank in ``cluster_environment`` needs one: something other than
+        accord started it, and this platform can fork."""
+        return (
+            cluster_environment is not None
+            and cluster_environment.creates_processes_externally
+            and PARENT_ENV not in os.environ
+            and hasattr(os, "fork")
+        )
+
+    @property
+    @override
+    def runs_in_caller(self) -> bool:
+        return False
+
+    @override
+    def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return supervise(fn, args, kwargs, self.cluster_environment)
 
 
 def supervise(

@@ -14,6 +14,7 @@ from accord.core.strategy import Strategy
 from accord.datamodule import DataModule, check_datamodule
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
+from accord.launchers.supervisor import SupervisingLauncher
 from accord.log import rank_zero_info
 from accord.module import Module
 from accord.precision import Precision
@@ -147,9 +148,17 @@ def launch(trainer: Trainer, stage: str, model: Module, *args: Any) -> Any:
     model = _module(trainer, stage, model)
     trainer._state.module = model
     launcher = trainer.strategy.launcher
+    survive = stage == "fit" and trainer.on_rank_loss == "continue"
+    if (
+        launcher is None
+        and survive
+        and SupervisingLauncher.wanted(trainer.strategy.cluster_environment)
+    ):
+        # torchrun (or SLURM) started this rank: its loss must not end this process.
+        launcher = SupervisingLauncher(trainer.strategy.cluster_environment)  # type: ignore[arg-type]
     if launcher is None:
         return trainer._run(stage, model, *args)
-    launcher.survive_rank_loss = stage == "fit" and trainer.on_rank_loss == "continue"
+    launcher.survive_rank_loss = survive
     if launcher.runs_in_caller:
         return launcher.launch(trainer._run, stage, model, *args)
     results: RankZeroResults | None = launcher.launch(trainer._run_rank, stage, model, *args)
