@@ -89,18 +89,28 @@ def checkpoint_state(
     strategy = trainer.strategy
     assert state.wrapped is not None
     return {
-        "accord_checkpoint_version": CHECKPOINT_FORMAT_VERSION,
-        "strategy": type(strategy).__name__,
-        "world_size": strategy.world_size,
-        "sharded": False,
-        "epoch": trainer.current_epoch,
-        "global_step": trainer.global_step,
+        **_what_and_where(trainer),
         "state_dict": plain_names(strategy.module_state_dict(state.wrapped)),
         "hyper_parameters": (
             state.module.hparams_for_checkpoint() if state.module is not None else {}
         ),
         **_datamodule_hparams(trainer.datamodule),
         "weights_only": True,
+    }
+
+
+def _what_and_where(trainer: Trainer) -> dict[str, Any]:
+    """What every checkpoint says about itself: its format version, the strategy and world
+    size that wrote it, and the loop's epoch and step."""
+    strategy = trainer.strategy
+    return {
+        "accord_checkpoint_version": CHECKPOINT_FORMAT_VERSION,
+        "strategy": type(strategy).__name__,
+        "world_size": strategy.world_size,
+        # The engines that write sharded directories set it on what they write.
+        "sharded": False,
+        "epoch": trainer.current_epoch,
+        "global_step": trainer.global_step,
     }
 
 
@@ -112,13 +122,7 @@ def _full_state(trainer: Trainer, state: RunState) -> dict[str, Any]:
     consumed = state.samples_consumed()
     datamodule = trainer.datamodule
     return {
-        "accord_checkpoint_version": CHECKPOINT_FORMAT_VERSION,
-        "strategy": type(strategy).__name__,
-        "world_size": strategy.world_size,
-        # The engines that write sharded directories set it on what they write.
-        "sharded": False,
-        "epoch": trainer.current_epoch,
-        "global_step": trainer.global_step,
+        **_what_and_where(trainer),
         "batches_done": state.batches_done,
         "samples_consumed": consumed,
         "data_order": state.epoch_order,
