@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from typing_extensions import Self
 
 from accord import hparams as _hp
-from accord.checkpoint_io import read_checkpoint
+from accord.checkpoint.reading import read_checkpoint
 from accord.core.buffers import move_to_device
 from accord.errors import ConfigurationError
 from accord.hparams import HyperparametersMixin

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 
-from accord.checkpoint_io import read_checkpoint
-from accord.compiled import module_names
+from accord.checkpoint.compiled_names import module_names
+from accord.checkpoint.reading import read_checkpoint
 from accord.errors import CheckpointError, ConfigurationError
 
 if TYPE_CHECKING:

@@ -1,5 +1,6 @@
 """The core imports no concrete launcher, accelerator or engine; strategies and collectives
-are asked what they need instead of being tested for their class."""
+are asked what they need instead of being tested for their class; the checkpoint package
+imports no layer above it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from accord.collectives import (
 )
 
 CORE = Path(__file__).resolve().parents[2] / "src" / "accord" / "core"
+CHECKPOINT = CORE.parent / "checkpoint"
 
 # What the core must not import at run time (type-only imports may name them).
 FORBIDDEN = (
@@ -51,6 +53,30 @@ def _runtime_imports(path: Path) -> list[str]:
 @pytest.mark.parametrize("path", sorted(CORE.rglob("*.py")), ids=lambda p: p.name)
 def test_the_core_imports_no_concrete_part(path: Path) -> None:
     found = [name for name in _runtime_imports(path) if name.startswith(FORBIDDEN)]
+    assert not found, f"{path.relative_to(CORE.parent)} imports {found}"
+
+
+# What accord.checkpoint must not import: the layers that use it. Its command line alone
+# imports the engines' checkpoint readers, by name, as a package face does.
+CHECKPOINT_FORBIDDEN = (
+    "accord.core",
+    "accord.strategies",
+    "accord.trainer",
+    "accord.callbacks",
+    "accord.module",
+    "accord.engines",
+)
+
+
+@pytest.mark.parametrize("path", sorted(CHECKPOINT.rglob("*.py")), ids=lambda p: p.name)
+def test_the_checkpoint_package_imports_no_layer_above_it(path: Path) -> None:
+    allowed = ("accord.engines",) if path.name == "cli.py" else ()
+    found = [
+        name
+        for name in _runtime_imports(path)
+        if name.startswith(CHECKPOINT_FORBIDDEN)
+        and not any(name.startswith(part) for part in allowed)
+    ]
     assert not found, f"{path.relative_to(CORE.parent)} imports {found}"
 
 

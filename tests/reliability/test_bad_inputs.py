@@ -16,7 +16,7 @@ from models import LinearModel, loader
 
 import accord
 from accord.callbacks import EarlyStopping, ModelCheckpoint
-from accord.checkpoint_io import load_checkpoint_file, save_checkpoint_file
+from accord.checkpoint import load_checkpoint_file, save_checkpoint_file
 from accord.collectives import ReduceOp, SingleDeviceCollective, TorchCollective
 from accord.errors import (
     CheckpointError,

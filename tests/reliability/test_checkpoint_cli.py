@@ -19,7 +19,7 @@ import pytest
 import torch
 from test_resume_matrix import SAMPLES, SAVE_STEP, _fit, _saved
 
-from accord.checkpoint_io import checkpoint_format, load_checkpoint_file, read_checkpoint
+from accord.checkpoint import checkpoint_format, load_checkpoint_file, read_checkpoint
 from accord.testing import run_distributed
 
 SAVED = ("single_device", "ddp", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3")

@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import accord
 from accord.callbacks import Callback
-from accord.checkpoint_io import load_checkpoint_file, read_checkpoint, save_checkpoint_file
+from accord.checkpoint import load_checkpoint_file, read_checkpoint, save_checkpoint_file
 from accord.errors import CheckpointError
 from accord.strategies import FSDPStrategy
 from accord.testing import run_distributed

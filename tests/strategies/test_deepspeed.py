@@ -499,7 +499,7 @@ def test_a_killed_save_leaves_nothing_under_its_name(deepspeed: Any, tmp_path: P
 
 
 def test_a_save_removes_only_what_killed_saves_left(tmp_path: Path) -> None:
-    from accord.engines.deepspeed.staging import remove_leftovers
+    from accord.engines.deepspeed.checkpoint_staging import remove_leftovers
 
     killed = tmp_path / ".epoch=3.ckpt.tmp"  # shards written, `latest` not yet
     (killed / "checkpoint-0").mkdir(parents=True)

@@ -23,9 +23,8 @@ from torch.distributed.tensor import DTensor
 
 import accord
 from accord.callbacks import ModelCheckpoint
-from accord.checkpoint import describe_checkpoint
-from accord.checkpoint_io import read_checkpoint
-from accord.compiled import module_names, plain_names
+from accord.checkpoint import describe_checkpoint, read_checkpoint
+from accord.checkpoint.compiled_names import module_names, plain_names
 from accord.errors import ConfigurationError
 from accord.strategies import DeepSpeedStrategy, FSDPStrategy, Strategy
 from accord.testing import run_distributed

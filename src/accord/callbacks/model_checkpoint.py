@@ -15,8 +15,10 @@ import torch
 from lightning_utilities.core.rank_zero import rank_zero_warn
 from typing_extensions import override
 
-from accord.callbacks import checkpoint_files as files
+from accord.callbacks import model_checkpoint_files as files
 from accord.callbacks.checkpoint import Checkpoint
+from accord.checkpoint.formats import finished_checkpoints
+from accord.checkpoint.writing import link_atomically, remove_leftovers
 from accord.errors import ConfigurationError
 from accord.log import rank_zero_info
 
@@ -196,7 +198,7 @@ class ModelCheckpoint(Checkpoint):
     def find_checkpoints(self, trainer: Trainer) -> list[Path]:
         """The finished checkpoints in `checkpoint_dirs` (in the sub-directories a ``/`` in
         the file name makes too); saves cut short are left out."""
-        return files.finished_checkpoints(
+        return finished_checkpoints(
             self.checkpoint_dirs(trainer), self.FILE_EXTENSION, self._name_depth()
         )
 
@@ -398,7 +400,7 @@ class ModelCheckpoint(Checkpoint):
         if replaced is not None:
             self._remove(trainer, replaced)
         if trainer.is_global_zero and self.dirpath is not None and self.dirpath.is_dir():
-            files.remove_leftovers(self.dirpath, self.FILE_EXTENSION, self._name_depth())
+            remove_leftovers(self.dirpath, self.FILE_EXTENSION, self._name_depth())
 
     def _plan(self, values: Mapping[str, Any], score: float | None, top_k: bool) -> _Plan:
         """Rank zero's decision: whether the new checkpoint enters the top k, and the free
@@ -521,7 +523,7 @@ class ModelCheckpoint(Checkpoint):
 
     def _link(self, trainer: Trainer, target: str, path: str) -> None:
         if trainer.is_global_zero and Path(target).absolute() != Path(path).absolute():
-            files.link_atomically(Path(target), Path(path))
+            link_atomically(Path(target), Path(path))
         trainer.strategy.barrier("model_checkpoint_link")
 
     def _remove(self, trainer: Trainer, path: str) -> None:

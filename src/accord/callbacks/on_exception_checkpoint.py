@@ -70,7 +70,7 @@ class OnExceptionCheckpoint(Checkpoint):
 
     @override
     def on_exception(self, trainer: Trainer, module: Module, exception: BaseException) -> None:
-        from accord.trainer.checkpointing import save_checkpoint
+        from accord.trainer.training_checkpoints import save_checkpoint
 
         strategy = trainer.strategy
         several = strategy.world_size > 1
@@ -106,7 +106,7 @@ class OnExceptionCheckpoint(Checkpoint):
 def _holds_whole_state(kind: type[Strategy]) -> bool:
     """Whether every rank of a ``kind`` strategy holds the whole state and reads it without
     a collective: it keeps the default checkpoint methods."""
-    from accord.core.checkpointing import StrategyCheckpointing
+    from accord.core.strategy_checkpoints import StrategyCheckpointing
 
     return all(
         getattr(kind, name) is getattr(StrategyCheckpointing, name) for name in _STATE_METHODS

@@ -18,10 +18,10 @@ from torch import nn
 
 from accord.accelerators.accelerator import Accelerator
 from accord.core.buffers import move_to_device
-from accord.core.checkpointing import StrategyCheckpointing
 from accord.core.collective import Collective
 from accord.core.communication import StrategyCommunication
 from accord.core.run_settings import RunSettings
+from accord.core.strategy_checkpoints import StrategyCheckpointing
 from accord.core.sync_batchnorm import convert_sync_batchnorm
 from accord.core.training import StrategyTraining
 from accord.core.wrappers.policy import wrap_collective

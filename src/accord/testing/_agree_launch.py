@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from accord.callbacks.callback import Callback
-from accord.checkpoint_io import read_checkpoint
+from accord.checkpoint.reading import read_checkpoint
 from accord.core.parallel import ParallelStrategy
 from accord.core.strategy import Strategy
 from accord.errors import ConfigurationError, RankFailureError

@@ -18,7 +18,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from accord.compiled import compiled_modules, is_compiled
+from accord.checkpoint.compiled_names import compiled_modules, is_compiled
 from accord.core.strategy import Strategy
 from accord.errors import ConfigurationError
 from accord.module import Module

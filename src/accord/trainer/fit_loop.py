@@ -14,7 +14,6 @@ from lightning_utilities.core.rank_zero import WarningCache, rank_zero_warn
 
 from accord.errors import ConfigurationError
 from accord.module import Module
-from accord.trainer.checkpointing import epoch_batches
 from accord.trainer.data import num_batches, prepare_loader, set_epoch
 from accord.trainer.evaluation_loop import evaluate, log_metrics
 from accord.trainer.manual_loop import manual_epoch
@@ -22,6 +21,7 @@ from accord.trainer.preemption import SignalFlag, save_and_stop
 from accord.trainer.rank_loss import Position
 from accord.trainer.sources import LoaderSource
 from accord.trainer.state import RunState
+from accord.trainer.training_checkpoints import epoch_batches
 from accord.trainer.training_epoch import TrainingEpoch, warn_eval_mode
 
 if TYPE_CHECKING:

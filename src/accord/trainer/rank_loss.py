@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 from accord.core.regroup import Excluded, Regrouped
 from accord.errors import ConfigurationError, RankFailureError, is_communication_error
 from accord.log import rank_zero_warning
-from accord.trainer.checkpointing import adopt_state, checkpoint_state
 from accord.trainer.data import reshard, window_loader
+from accord.trainer.training_checkpoints import adopt_state, checkpoint_state
 
 if TYPE_CHECKING:
     from accord.core.strategy import Strategy

@@ -31,7 +31,6 @@ from accord.hparams import log_hyperparameters
 from accord.module import Module
 from accord.module_optimization import StrategyOptimizer
 from accord.trainer.arguments import checkpoints_last
-from accord.trainer.checkpointing import restore
 from accord.trainer.data import prepare_loader
 from accord.trainer.evaluation_loop import (
     evaluate,
@@ -48,6 +47,7 @@ from accord.trainer.rank_loss import Survival
 from accord.trainer.sources import LoaderSource, eval_source, fit_sources
 from accord.trainer.state import RunState
 from accord.trainer.stepping import apply_step
+from accord.trainer.training_checkpoints import restore
 
 if TYPE_CHECKING:
     from accord.trainer.trainer import Trainer

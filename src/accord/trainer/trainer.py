@@ -22,7 +22,7 @@ from accord.datamodule import DataModule
 from accord.errors import ConfigurationError
 from accord.loggers.logger import Logger
 from accord.module import Module
-from accord.trainer import arguments, checkpointing, launch
+from accord.trainer import arguments, launch, training_checkpoints
 from accord.trainer.connector import connect
 from accord.trainer.preemption import DEFAULT_PREEMPTION_SIGNALS, SignalLike, parse_signals
 from accord.trainer.properties import TrainerProperties
@@ -384,7 +384,7 @@ class Trainer(TrainerProperties):
                 "save_checkpoint(storage_options=...) is not supported: accord writes "
                 "checkpoints to a path on the file system, atomically."
             )
-        checkpointing.save_checkpoint(self, filepath, weights_only=weights_only)
+        training_checkpoints.save_checkpoint(self, filepath, weights_only=weights_only)
 
     # ------------------------------------------------------- rank zero's results
     def rank_zero_results(self, output: Any) -> RankZeroResults:

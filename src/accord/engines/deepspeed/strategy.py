@@ -14,8 +14,8 @@ building the registry never import it. How the Trainer's loop maps onto the engi
 - the config (`accord.engines.deepspeed.config`) takes accumulation, clipping and the
   `DeepSpeedPrecision` section from the Trainer's settings;
 - checkpoints are directories in the atomic tag/latest format of
-  `accord.engines.deepspeed.checkpoint`, written and read by the methods it inherits from
-  `accord.engines.deepspeed.checkpointing`; ZeRO-3's gathers are in
+  `accord.engines.deepspeed.checkpoint_directory`, written and read by the methods it
+  inherits from `accord.engines.deepspeed.strategy_checkpoints`; ZeRO-3's gathers are in
   `accord.engines.deepspeed.zero3`.
 """
 
@@ -39,8 +39,7 @@ from accord.core.run_settings import RunSettings
 from accord.core.step_module import StepModule
 from accord.core.timeouts import DEFAULT_TIMEOUT
 from accord.engines.deepspeed import zero3
-from accord.engines.deepspeed.checkpoint import consolidate_deepspeed_checkpoint
-from accord.engines.deepspeed.checkpointing import DeepSpeedCheckpoints
+from accord.engines.deepspeed.checkpoint_directory import consolidate_deepspeed_checkpoint
 from accord.engines.deepspeed.collective import DeepSpeedCollective
 from accord.engines.deepspeed.config import (
     build_config,
@@ -50,6 +49,7 @@ from accord.engines.deepspeed.config import (
 )
 from accord.engines.deepspeed.engine import initialize_engine, require_process_group
 from accord.engines.deepspeed.precision import DeepSpeedPrecision
+from accord.engines.deepspeed.strategy_checkpoints import DeepSpeedCheckpoints
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
 from accord.imports import require

@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import nn
 
-from accord.engines.deepspeed.checkpoint import strip_step_prefix
+from accord.engines.deepspeed.checkpoint_directory import strip_step_prefix
 from accord.imports import import_optional
 
 __all__ = ["full_state_dict", "load_full_state_dict", "materialize_parameters"]

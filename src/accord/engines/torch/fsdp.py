@@ -9,8 +9,9 @@ the wrap policy become units of their own and are gathered when they are called.
 FSDP shards over the device mesh the strategy's `TorchCollective` builds
 (`TorchCollective.device_mesh`), so its all-gathers and reduce-scatters run on that
 collective's process group: a collective on a sub-group shards within the sub-group.
-Checkpoints are sharded directories or full files (`accord.engines.torch.fsdp_checkpoint`),
-read and written by its base class `_FSDPState` (`accord.engines.torch.fsdp_state`).
+Checkpoints are sharded directories or full files
+(`accord.engines.torch.fsdp_checkpoint_directory`), read and written by its base class
+`_FSDPCheckpoints` (`accord.engines.torch.fsdp_strategy_checkpoints`).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from accord.core.collective import Collective
 from accord.core.step_module import StepModule
 from accord.core.timeouts import DEFAULT_TIMEOUT
 from accord.engines.torch.collective import TorchCollective, default_torch_backend
-from accord.engines.torch.fsdp_checkpoint import META_FILE
-from accord.engines.torch.fsdp_state import StateDictType, _FSDPState
+from accord.engines.torch.fsdp_checkpoint_directory import META_FILE
+from accord.engines.torch.fsdp_strategy_checkpoints import StateDictType, _FSDPCheckpoints
 from accord.engines.torch.fsdp_units import fully_shard_options, shard_units
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
@@ -48,7 +49,7 @@ _SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD")
 _STATE_DICT_TYPES = ("sharded", "full")
 
 
-class FSDPStrategy(_FSDPState):
+class FSDPStrategy(_FSDPCheckpoints):
     """Fully sharded data parallel training on FSDP2 (`torch.distributed.fsdp.fully_shard`).
 
     Args:
@@ -66,7 +67,7 @@ class FSDPStrategy(_FSDPState):
         hybrid_shard_size: ranks per shard group for ``HYBRID_SHARD``; default: the
             processes on one node.
         state_dict_type: ``"sharded"`` or ``"full"``: how checkpoints are written
-            (`accord.engines.torch.fsdp_checkpoint`). Loading accepts both kinds.
+            (`accord.engines.torch.fsdp_checkpoint_directory`). Loading accepts both kinds.
         process_group_backend, timeout: as `ParallelStrategy` (the backend's default: nccl
             on CUDA, gloo otherwise).
         accelerator, parallel_devices, cluster_environment, precision, num_nodes, debug:

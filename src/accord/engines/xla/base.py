@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from typing_extensions import override
 
-from accord.checkpoint_io import save_checkpoint_file
+from accord.checkpoint.writing import save_checkpoint_file
 from accord.core.collective import Collective
 from accord.core.strategy import Strategy, move_to_device
 from accord.engines.xla.collective import XLACollective, launch, parameters_with_gradients

@@ -3,7 +3,7 @@
 A strategy that shards (FSDP, DeepSpeed) overrides these; the defaults suit a strategy whose
 every rank holds the whole model: rank 0 writes one file atomically and the others wait. The
 default load also reads the directories a sharding strategy writes, whole (see
-`accord.checkpoint_io.read_checkpoint`), so any strategy resumes from them.
+`accord.checkpoint.read_checkpoint`), so any strategy resumes from them.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from accord.checkpoint_io import read_checkpoint, save_checkpoint_file
-from accord.compiled import module_names
+from accord.checkpoint.compiled_names import module_names
+from accord.checkpoint.reading import read_checkpoint
+from accord.checkpoint.writing import save_checkpoint_file
 from accord.errors import CheckpointError
 from accord.precision import Precision
 
@@ -52,7 +53,7 @@ class StrategyCheckpointing(ABC):
 
         Its names are matched to the module's own, so the plain names of a checkpoint load
         into a module that holds ``torch.compile``'d parts, and back
-        (`accord.compiled.module_names`).
+        (`accord.checkpoint.compiled_names.module_names`).
 
         Raises:
             CheckpointError: with ``strict``, ``state``'s keys differ from the module's;

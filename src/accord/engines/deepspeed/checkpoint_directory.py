@@ -4,14 +4,14 @@ A checkpoint is a directory. ``engine.save_checkpoint`` writes every rank's shar
 ``<dir>/<tag>/``, and ``<dir>/latest`` names the tag to read. `save_engine_checkpoint`
 never leaves an incomplete checkpoint under a final name: a directory that holds no
 finished checkpoint yet is written under a staging name and renamed into place when
-complete (`accord.engines.deepspeed.staging`); later saves to it take the tags
+complete (`accord.checkpoint.writing.move_into_place`); later saves to it take the tags
 ``checkpoint-0`` and ``checkpoint-1`` in turn, writing the tag ``latest`` does not name,
 switching ``latest`` over atomically once every rank is done, and only then removing the
 previous tag. The ranks keep step through the strategy's ``broadcast`` and ``barrier``,
 that is, through its collective. Loading reads every file with ``weights_only=True``
-(`accord.engines.deepspeed.safe_load`) unless the caller trusts the checkpoint.
+(`accord.engines.deepspeed.checkpoint_reading`) unless the caller trusts the checkpoint.
 `consolidate_deepspeed_checkpoint` turns a directory into one plain state dict file, offline;
-`read_deepspeed_whole`, registered with `accord.checkpoint_io`, reads one whole (weights,
+`read_deepspeed_whole`, registered with `accord.checkpoint`, reads one whole (weights,
 Trainer state and, for ZeRO-1/2, the merged optimizer state) so other strategies resume from it.
 """
 
@@ -25,21 +25,28 @@ from typing import Any, cast
 
 from torch import nn
 
-from accord.checkpoint_io import (
-    check_format_version,
-    checkpoint_format,
-    read_checkpoint,
-    register_directory_reader,
+from accord.checkpoint.compiled_names import module_names
+from accord.checkpoint.formats import check_format_version, checkpoint_format
+from accord.checkpoint.reading import read_checkpoint, register_directory_reader
+from accord.checkpoint.writing import (
+    fsync_tree,
+    move_into_place,
     save_checkpoint_file,
+    staging_path,
     write_bytes_atomically,
 )
-from accord.compiled import module_names
 from accord.core.strategy import Strategy
-from accord.engines.deepspeed import reading, staging, zero_partitions
-from accord.engines.deepspeed.safe_load import (
+from accord.engines.deepspeed import zero_partitions
+from accord.engines.deepspeed.checkpoint_reading import (
     check_tag_files,
+    checkpoint_tag,
+    consolidate,
+    load_file,
+    load_model_states,
+    read_latest,
     safe_engine_loads,
 )
+from accord.engines.deepspeed.checkpoint_staging import remove_leftovers
 from accord.errors import CheckpointError
 
 __all__ = [
@@ -81,9 +88,9 @@ def save_engine_checkpoint(
     """
     tags = _next_tag(directory) if strategy.is_global_zero else None
     previous, tag = cast(tuple[str | None, str], strategy.broadcast(tags))
-    target = directory if previous is not None else staging.staging_path(directory)
+    target = directory if previous is not None else staging_path(directory)
     if strategy.local_rank == 0:
-        staging.remove_leftovers(directory.parent, _TAGS)
+        remove_leftovers(directory.parent, _TAGS)
         shutil.rmtree(target / tag, ignore_errors=True)  # what a killed save left
     strategy.barrier("deepspeed_save_checkpoint_prepare")
     client = {k: v for k, v in checkpoint.items() if k not in _ENGINE_KEYS}
@@ -91,12 +98,12 @@ def save_engine_checkpoint(
     engine.save_checkpoint(
         str(target), tag=tag, client_state={_CLIENT_KEY: client}, save_latest=False
     )
-    staging.fsync_tree(target / tag)
+    fsync_tree(target / tag)
     strategy.barrier("deepspeed_save_checkpoint_written")
     if strategy.is_global_zero:
         write_bytes_atomically(tag.encode(), target / "latest")
         if target != directory:
-            staging.move_into_place(target, directory)
+            move_into_place(target, directory)
         # Rewriting files inside leaves a directory's mtime alone; ckpt_path="last" reads it.
         os.utime(directory)
     strategy.barrier("deepspeed_save_checkpoint_committed")
@@ -131,7 +138,7 @@ def load_checkpoint_directory(
     if engine is None:
         state, client = _read_consolidated(source, None, weights_only)
         return {**client, "state_dict": state}
-    tag = reading.checkpoint_tag(source, None)
+    tag = checkpoint_tag(source, None)
     if weights_only and tag != checked:
         check_tag_files(source / tag)
     with safe_engine_loads(engine) if weights_only else contextlib.nullcontext():
@@ -161,7 +168,7 @@ def load_checkpoint_directory(
 
 def _load_module_state(src: dict[str, Any], dst: nn.Module) -> None:
     """The engine's load of its own module state, strict, with the names matched to the
-    module's (`accord.compiled.module_names`): a run with ``torch.compile``'d parts resumes
+    module's (`accord.checkpoint.compiled_names.module_names`): a run with ``torch.compile``'d parts resumes
     from one without, and back."""
     dst.load_state_dict(module_names(dst, src), strict=True)
 
@@ -204,11 +211,11 @@ def _native_tag(engine: Any, source: Path, weights_only: bool) -> str | None:
     tag's files are checked (`check_tag_files`) first."""
     if checkpoint_format(source) != "deepspeed":
         return None
-    tag = reading.checkpoint_tag(source, None)
+    tag = checkpoint_tag(source, None)
     if weights_only:
         check_tag_files(source / tag)
     # Only the settings stored beside the weights are read: the weights stay on disk.
-    states = reading.load_model_states(source, tag, weights_only, mmap=True)
+    states = load_model_states(source, tag, weights_only, mmap=True)
     stage = states.get("ds_config", {}).get("zero_optimization", {}).get("stage", 0)
     native = int(stage) == int(engine.zero_optimization_stage()) and int(
         states.get("dp_world_size", -1)
@@ -240,11 +247,11 @@ def _read_consolidated(
     """
     if not directory.is_dir():
         raise CheckpointError(f"{str(directory)!r} is not a DeepSpeed checkpoint directory.")
-    tag = reading.checkpoint_tag(directory, tag)
+    tag = checkpoint_tag(directory, tag)
     if weights_only:
         check_tag_files(directory / tag)
-    state = reading.consolidate(directory, tag)
-    states = reading.load_model_states(directory, tag, weights_only)
+    state = consolidate(directory, tag)
+    states = load_model_states(directory, tag, weights_only)
     if _CLIENT_KEY not in states:
         return state, {}
     return strip_step_prefix(state), dict(states[_CLIENT_KEY])
@@ -253,7 +260,7 @@ def _read_consolidated(
 def read_deepspeed_whole(path: Path, weights_only: bool = True) -> dict[str, Any]:
     """Read the DeepSpeed checkpoint directory ``path`` whole, in this process alone.
 
-    Registered with `accord.checkpoint_io`, so DDP, one device and FSDP resume from it. Its
+    Registered with `accord.checkpoint`, so DDP, one device and FSDP resume from it. Its
     ``state_dict`` holds the full fp32 weights under the user's module's names; its one
     optimizer state is every rank's partition (ZeRO-1, 2 or 3) merged into a plain
     ``optimizer.state_dict()`` (`accord.engines.deepspeed.zero_partitions`). With ``weights_only``
@@ -264,17 +271,16 @@ def read_deepspeed_whole(path: Path, weights_only: bool = True) -> dict[str, Any
             file that holds objects ``weights_only`` refuses; optimizer partitions that do
             not fit the parameters.
     """
-    tag = reading.checkpoint_tag(path, None)
+    tag = checkpoint_tag(path, None)
     if weights_only:
         check_tag_files(path / tag)
-    states = reading.load_model_states(path, tag, weights_only)
+    states = load_model_states(path, tag, weights_only)
     checkpoint = dict(states.get(_CLIENT_KEY, {}))
     check_format_version(checkpoint, path)
-    weights = reading.consolidate(path, tag)
+    weights = consolidate(path, tag)
     checkpoint["state_dict"] = strip_step_prefix(weights) if _CLIENT_KEY in states else weights
     optimizers = [
-        reading.load_file(file, weights_only)
-        for file in zero_partitions.optimizer_files(path / tag)
+        load_file(file, weights_only) for file in zero_partitions.optimizer_files(path / tag)
     ]
     try:
         partitions = [loaded["optimizer_state_dict"] for loaded in optimizers]
@@ -335,7 +341,7 @@ def consolidate_deepspeed_checkpoint(
 def _next_tag(directory: Path) -> tuple[str | None, str]:
     """The tag ``latest`` names now (None: no finished checkpoint there) and the tag the
     next save writes."""
-    previous = reading.read_latest(directory)
+    previous = read_latest(directory)
     return previous, _TAGS[1] if previous == _TAGS[0] else _TAGS[0]
 
 

@@ -1,4 +1,4 @@
-"""Reading DeepSpeed's checkpoint files without running code from them.
+"""Reading a DeepSpeed checkpoint directory's files, without running code from them.
 
 DeepSpeed reads its own files with ``torch.load(weights_only=False)``, so a crafted file
 in a checkpoint directory would run its code on load. Here every file is read with
@@ -10,13 +10,17 @@ DeepSpeed classes its files hold (`deepspeed_safe_globals`):
   leave some ranks waiting for the others;
 - `safe_engine_loads` routes the loads of ``engine.load_checkpoint`` through
   `load_deepspeed_file`.
+
+The directory's parts are read here too: the tag ``<dir>/latest`` names
+(`checkpoint_tag`), the tag's model states file, any one file (safely, with
+``weights_only``), and the full fp32 weights ``zero_to_fp32`` consolidates from the shards.
+`accord.engines.deepspeed.checkpoint_directory` builds its saves and loads on these.
 """
 
 from __future__ import annotations
 
 import contextlib
 import pickle
-import re
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,18 +28,22 @@ from typing import Any
 
 import torch
 
+from accord.checkpoint.compiled_names import plain_names
+from accord.checkpoint.reading import refused_globals
 from accord.errors import CheckpointError
 from accord.imports import import_optional
 
 __all__ = [
     "check_tag_files",
+    "checkpoint_tag",
+    "consolidate",
     "deepspeed_safe_globals",
     "load_deepspeed_file",
+    "load_file",
+    "load_model_states",
+    "read_latest",
     "safe_engine_loads",
 ]
-
-_REFUSED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
-"""How torch.load's weights-only unpickler names a global it refuses."""
 
 
 def deepspeed_safe_globals() -> list[Any]:
@@ -77,7 +85,7 @@ def load_deepspeed_file(path: str | Path, *, map_location: Any = "cpu", mmap: bo
         with torch.serialization.safe_globals(deepspeed_safe_globals()):
             return torch.load(source, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
-        refused = sorted(set(_REFUSED_GLOBAL.findall(str(err))))
+        refused = refused_globals(err)
         if refused:
             raise CheckpointError(
                 f"{str(source)!r} holds objects that weights_only=True refuses to unpickle: "
@@ -142,3 +150,70 @@ def safe_engine_loads(engine: Any) -> Iterator[None]:
         yield
     finally:
         engine.checkpoint_engine = original
+
+
+def read_latest(directory: Path) -> str | None:
+    """The tag a checkpoint directory's ``latest`` file names, or None without one."""
+    try:
+        return (directory / "latest").read_text().strip() or None
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def consolidate(directory: Path, tag: str) -> dict[str, Any]:
+    """The tag's full fp32 weights, merged from every rank's shards, under plain names
+    (`accord.checkpoint.compiled_names.plain_names`)."""
+    zero_to_fp32 = import_optional(
+        "deepspeed.utils.zero_to_fp32", "consolidate_deepspeed_checkpoint"
+    )
+    try:
+        state = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=tag)
+    except (FileNotFoundError, ValueError, KeyError) as err:
+        raise CheckpointError(
+            f"{str(directory)!r} could not be consolidated (not a ZeRO checkpoint?): {err}"
+        ) from err
+    # ZeRO names the parameters as the engine's module does, compiled parts included.
+    return plain_names(dict(state))
+
+
+def checkpoint_tag(directory: Path, tag: str | None) -> str:
+    found = tag if tag is not None else read_latest(directory)
+    if found is None:
+        raise CheckpointError(
+            f"{str(directory)!r} is not a DeepSpeed checkpoint: it has no 'latest' file (a "
+            "save that did not finish leaves none). Pass tag= to name the tag directory to read."
+        )
+    if not (directory / found).is_dir():
+        raise CheckpointError(
+            f"{str(directory)!r} is not a complete DeepSpeed checkpoint: it has no tag "
+            f"directory {found!r}."
+        )
+    return found
+
+
+def load_model_states(
+    directory: Path, tag: str, weights_only: bool, *, mmap: bool = False
+) -> dict[str, Any]:
+    """The tag's model states file (``mmap``: its tensors mapped, not read; for a caller
+    that only reads the settings stored beside the weights)."""
+    files = sorted((directory / tag).glob("*model_states.pt"))
+    if not files:
+        raise CheckpointError(
+            f"{str(directory / tag)!r} holds no DeepSpeed model states file (*model_states.pt)."
+        )
+    return load_file(files[0], weights_only, mmap=mmap)
+
+
+def load_file(file: Path, weights_only: bool, *, mmap: bool = False) -> dict[str, Any]:
+    """One file of a checkpoint, which must hold a dict (``mmap`` as `load_deepspeed_file`)."""
+    if weights_only:
+        loaded = load_deepspeed_file(file, mmap=mmap)
+    else:
+        try:
+            mapped = mmap and zipfile.is_zipfile(file)
+            loaded = torch.load(file, map_location="cpu", weights_only=False, mmap=mapped)
+        except Exception as err:
+            raise CheckpointError(f"{str(file)!r} is not readable: {err}") from err
+    if not isinstance(loaded, dict):
+        raise CheckpointError(f"{str(file)!r} holds a {type(loaded).__name__}, not a dict.")
+    return loaded

@@ -2,7 +2,7 @@
 
 Module and optimizer state dicts (full under ZeRO-3 through `accord.engines.deepspeed.zero3`,
 `EngineState` placeholders where the engine keeps the state itself), and saving, loading
-and removing checkpoint directories through `accord.engines.deepspeed.checkpoint`.
+and removing checkpoint directories through `accord.engines.deepspeed.checkpoint_directory`.
 """
 
 from __future__ import annotations
@@ -14,11 +14,15 @@ import torch
 from torch import nn
 from typing_extensions import override
 
-from accord.checkpoint_io import remove_checkpoint_path
-from accord.compiled import module_names
+from accord.checkpoint.compiled_names import module_names
+from accord.checkpoint.writing import remove_checkpoint_path
 from accord.core.parallel import ParallelStrategy
-from accord.engines.deepspeed import checkpoint as ckpt
 from accord.engines.deepspeed import zero3
+from accord.engines.deepspeed.checkpoint_directory import (
+    EngineState,
+    load_for_engine,
+    save_engine_checkpoint,
+)
 from accord.errors import CheckpointError
 
 __all__ = ["DeepSpeedCheckpoints"]
@@ -57,9 +61,9 @@ class DeepSpeedCheckpoints(ParallelStrategy):
         Every rank must call this under ZeRO-3. The placeholder that `load_checkpoint`
         returns for a DeepSpeed checkpoint is skipped: the engine restored those weights.
         Names are matched to the module's own, ``torch.compile``'d parts or not
-        (`accord.compiled.module_names`).
+        (`accord.checkpoint.compiled_names.module_names`).
         """
-        if isinstance(state, ckpt.EngineState):
+        if isinstance(state, EngineState):
             return
         target = self.unwrap(module)
         state = module_names(target, state)
@@ -74,7 +78,7 @@ class DeepSpeedCheckpoints(ParallelStrategy):
     @override
     def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """An empty placeholder: the engine writes its (sharded) optimizer state itself."""
-        return ckpt.EngineState()
+        return EngineState()
 
     @override
     def load_optimizer_state_dict(
@@ -85,7 +89,7 @@ class DeepSpeedCheckpoints(ParallelStrategy):
         Raises:
             CheckpointError: ``state`` is another strategy's optimizer state.
         """
-        if isinstance(state, ckpt.EngineState):
+        if isinstance(state, EngineState):
             return
         raise CheckpointError(
             "This checkpoint was not written by DeepSpeedStrategy: its optimizer state cannot "
@@ -105,7 +109,7 @@ class DeepSpeedCheckpoints(ParallelStrategy):
         if self._engine is None or not self._trains:
             super().save_checkpoint(checkpoint, path)
             return
-        ckpt.save_engine_checkpoint(self, self._engine, checkpoint, Path(path))
+        save_engine_checkpoint(self, self._engine, checkpoint, Path(path))
         self.barrier("save_checkpoint")
 
     @override
@@ -116,12 +120,12 @@ class DeepSpeedCheckpoints(ParallelStrategy):
         world size is restored by the engine itself, and the returned ``state_dict`` and
         ``optimizer_states`` are placeholders for that; any other checkpoint is read whole
         and its optimizer state put into the ZeRO-1/2 partitions
-        (`accord.engines.deepspeed.checkpoint.load_for_engine`). Otherwise the ZeRO shards
+        (`accord.engines.deepspeed.checkpoint_directory.load_for_engine`). Otherwise the ZeRO shards
         are consolidated into a full ``state_dict``. With ``weights_only``, DeepSpeed's
         shards too are read without running code.
         """
         engine = self._engine if self._trains else None
-        return ckpt.load_for_engine(Path(path), engine, self.global_rank, weights_only=weights_only)
+        return load_for_engine(Path(path), engine, self.global_rank, weights_only=weights_only)
 
     @override
     def remove_checkpoint(self, path: str | Path) -> None:

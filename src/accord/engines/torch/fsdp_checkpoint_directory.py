@@ -1,15 +1,20 @@
-"""FSDP's checkpoints: a sharded directory, or one full file; loading accepts either.
+"""FSDP's sharded checkpoint directory: written, read into shards, read whole, converted.
+
+FSDP writes a checkpoint in one of two kinds; loading accepts either:
 
 * ``"sharded"``: a directory written with `torch.distributed.checkpoint` (every rank
   writes its shards) plus `META_FILE` with everything that is not a model or optimizer
-  tensor. It loads into any number of ranks.
-* ``"full"``: one ordinary checkpoint file written by rank 0, its tensors gathered to CPU;
-  the model part loads into a plain module as well.
+  tensor. It loads into any number of ranks. This module writes and reads it.
+* ``"full"``: one ordinary checkpoint file written by rank 0, its tensors gathered to CPU
+  (`accord.checkpoint.save_checkpoint_file`); the model part loads into a plain module as
+  well.
 
 A sharded checkpoint is written under a temporary name beside its destination and renamed
-into place, so a crash leaves the previous one intact. `read_sharded_whole` reads one into
-whole tensors in a single process; it is registered with `accord.checkpoint_io`, so a
-strategy that does not shard (DDP, one device) resumes from a sharded checkpoint too.
+into place (`accord.checkpoint.writing`), so a crash leaves the previous one intact.
+`read_sharded_whole` reads one into whole tensors in a single process; it is registered
+with `accord.checkpoint`, so a strategy that does not shard (DDP, one device) resumes from
+a sharded checkpoint too. The state-dict options FSDP's strategy methods read and load with
+(`accord.engines.torch.fsdp_strategy_checkpoints`) are here as well.
 """
 
 from __future__ import annotations
@@ -21,14 +26,14 @@ import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
 
-from accord.checkpoint_io import (
-    fsync_path,
-    load_checkpoint_file,
-    register_directory_reader,
+from accord.checkpoint.compiled_names import plain_name
+from accord.checkpoint.reading import load_checkpoint_file, register_directory_reader
+from accord.checkpoint.writing import (
+    move_into_place,
     remove_checkpoint_path,
     save_checkpoint_file,
+    staging_path,
 )
-from accord.compiled import plain_name
 from accord.core.strategy import Strategy
 from accord.errors import CheckpointError
 
@@ -44,7 +49,6 @@ __all__ = [
     "load_sharded",
     "name_parameters",
     "read_sharded_whole",
-    "remove_path",
     "save_sharded",
     "state_dict_options",
 ]
@@ -95,7 +99,7 @@ def save_sharded(
 
     from accord.engines.torch.safe_dcp import checkpoint_errors
 
-    staging = path.with_name(f".{path.name}.tmp")
+    staging = staging_path(path)
     tensors: dict[str, Any] = {"model": checkpoint["state_dict"]}
     optimizer_states = checkpoint.get("optimizer_states", [])
     for index, state in enumerate(optimizer_states):
@@ -107,13 +111,13 @@ def save_sharded(
         "world_size": strategy.world_size,
     }
     if strategy.is_global_zero:
-        remove_path(staging)  # left over from a run that crashed mid-save
+        remove_checkpoint_path(staging)  # left over from a run that crashed mid-save
     strategy.barrier("fsdp_save_checkpoint_start")
     with checkpoint_errors("write", staging):
         save(tensors, checkpoint_id=staging, process_group=process_group)
     if strategy.is_global_zero:
         save_checkpoint_file(meta, staging / META_FILE)
-        _replace(staging, path)
+        move_into_place(staging, path)
     strategy.barrier("fsdp_save_checkpoint")
 
 
@@ -231,12 +235,12 @@ def write_sharded_offline(checkpoint: dict[str, Any], path: Path, world_size: in
     meta["sharded"] = True
     meta["world_size"] = world_size
     meta["fsdp_sharded"] = {"optimizer_count": len(optimizer_states), "world_size": world_size}
-    staging = path.with_name(f".{path.name}.tmp")
-    remove_path(staging)
+    staging = staging_path(path)
+    remove_checkpoint_path(staging)
     with checkpoint_errors("write", staging):
         save(tensors, storage_writer=FileSystemWriter(staging), no_dist=True)
     save_checkpoint_file(meta, staging / META_FILE)
-    _replace(staging, path)
+    move_into_place(staging, path)
     return path
 
 
@@ -274,28 +278,6 @@ def name_parameters(
         "state": {order[int(i)]: value for i, value in state.get("state", {}).items()},
         "param_groups": [{**g, "params": [order[int(i)] for i in g["params"]]} for g in groups],
     }
-
-
-def remove_path(path: Path) -> None:
-    """Delete a checkpoint file or directory, if there is one (`remove_checkpoint_path`)."""
-    remove_checkpoint_path(path)
-
-
-def _replace(source: Path, target: Path) -> None:
-    """Move ``source`` to ``target``, replacing a file or directory already there, and
-    flush the rename to disk (the files in ``source`` are flushed as they are written)."""
-    fsync_path(source)  # its entries, before it takes the final name
-    if not target.exists():
-        source.rename(target)
-        fsync_path(target.parent)
-        return
-    # A directory cannot be renamed over a non-empty one: move the old one aside first.
-    old = target.with_name(f".{target.name}.old")
-    remove_path(old)
-    target.rename(old)
-    source.rename(target)
-    fsync_path(target.parent)
-    remove_path(old)
 
 
 register_directory_reader("fsdp_sharded", read_sharded_whole)

@@ -1,7 +1,9 @@
 """The Trainer's checkpoints: the full training state saved, found again, and restored.
 
 A checkpoint records the loop's position mid-epoch as well as at epoch ends, so a resumed
-fit continues with the batch, the shuffled order and the LR it would have had.
+fit continues with the batch, the shuffled order and the LR it would have had. The format,
+its atomic writes and safe reads are `accord.checkpoint`'s; the strategy writes and reads
+the files (`accord.core.strategy_checkpoints`, overridden by the engines that shard).
 """
 
 from __future__ import annotations
@@ -14,10 +16,14 @@ import torch
 from lightning_utilities.core.rank_zero import rank_zero_warn
 from torch.utils.data import DataLoader
 
-from accord.callbacks.checkpoint_files import finished_checkpoints, is_finished_checkpoint
 from accord.callbacks.model_checkpoint import ModelCheckpoint
-from accord.checkpoint_io import CHECKPOINT_FORMAT_VERSION, save_checkpoint_file
-from accord.compiled import plain_names
+from accord.checkpoint.compiled_names import plain_names
+from accord.checkpoint.formats import (
+    CHECKPOINT_FORMAT_VERSION,
+    finished_checkpoints,
+    is_finished_checkpoint,
+)
+from accord.checkpoint.writing import save_checkpoint_file
 from accord.datamodule import DataModule
 from accord.errors import CheckpointError, ConfigurationError
 from accord.trainer.data import epoch_order, resume_loader, samples_per_batch
@@ -29,7 +35,6 @@ if TYPE_CHECKING:
     from accord.trainer.trainer import Trainer
 
 __all__ = [
-    "CHECKPOINT_VERSION",
     "adopt_state",
     "checkpoint_state",
     "epoch_batches",
@@ -37,10 +42,6 @@ __all__ = [
     "restore",
     "save_checkpoint",
 ]
-
-CHECKPOINT_VERSION = CHECKPOINT_FORMAT_VERSION
-"""The layout version written as ``accord_checkpoint_version`` (one number with
-`accord.checkpoint_io.CHECKPOINT_FORMAT_VERSION`, which loading checks)."""
 
 
 def save_checkpoint(
@@ -89,18 +90,28 @@ def checkpoint_state(
     strategy = trainer.strategy
     assert state.wrapped is not None
     return {
-        "accord_checkpoint_version": CHECKPOINT_VERSION,
-        "strategy": type(strategy).__name__,
-        "world_size": strategy.world_size,
-        "sharded": False,
-        "epoch": trainer.current_epoch,
-        "global_step": trainer.global_step,
+        **_what_and_where(trainer),
         "state_dict": plain_names(strategy.module_state_dict(state.wrapped)),
         "hyper_parameters": (
             state.module.hparams_for_checkpoint() if state.module is not None else {}
         ),
         **_datamodule_hparams(trainer.datamodule),
         "weights_only": True,
+    }
+
+
+def _what_and_where(trainer: Trainer) -> dict[str, Any]:
+    """What every checkpoint says about itself: its format version, the strategy and world
+    size that wrote it, and the loop's epoch and step."""
+    strategy = trainer.strategy
+    return {
+        "accord_checkpoint_version": CHECKPOINT_FORMAT_VERSION,
+        "strategy": type(strategy).__name__,
+        "world_size": strategy.world_size,
+        # The engines that write sharded directories set it on what they write.
+        "sharded": False,
+        "epoch": trainer.current_epoch,
+        "global_step": trainer.global_step,
     }
 
 
@@ -112,13 +123,7 @@ def _full_state(trainer: Trainer, state: RunState) -> dict[str, Any]:
     consumed = state.samples_consumed()
     datamodule = trainer.datamodule
     return {
-        "accord_checkpoint_version": CHECKPOINT_VERSION,
-        "strategy": type(strategy).__name__,
-        "world_size": strategy.world_size,
-        # The engines that write sharded directories set it on what they write.
-        "sharded": False,
-        "epoch": trainer.current_epoch,
-        "global_step": trainer.global_step,
+        **_what_and_where(trainer),
         "batches_done": state.batches_done,
         "samples_consumed": consumed,
         "data_order": state.epoch_order,

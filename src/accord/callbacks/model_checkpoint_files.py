@@ -1,14 +1,16 @@
-"""Where `ModelCheckpoint` writes, and the files it finds, links and cleans up there."""
+"""`ModelCheckpoint`'s own rules: where it writes by default, how it names a checkpoint, its
+arguments checked, its scores as YAML.
+
+What is not `ModelCheckpoint`'s alone (finished checkpoints found, links switched in
+atomically, the leftovers of killed saves) is `accord.checkpoint`'s
+(`accord.checkpoint.formats`, `accord.checkpoint.writing`).
+"""
 
 from __future__ import annotations
 
 import math
-import os
-import re
-import secrets
-import shutil
 import string
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,22 +25,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "check_arguments",
-    "format_name",
-    "taken",
     "default_checkpoint_dir",
     "experiment_checkpoint_dirs",
-    "finished_checkpoints",
-    "is_finished_checkpoint",
-    "link_atomically",
+    "format_name",
     "remove_empty_parents",
-    "remove_leftovers",
+    "taken",
     "write_scores_yaml",
 ]
 
 CHECKPOINTS_DIR = "checkpoints"
-
-_FINISHED_MARKERS = ("accord_meta.pt", "latest")
-"""The file the writer of a checkpoint directory writes last: FSDP's, DeepSpeed's."""
 
 
 def default_checkpoint_dir(trainer: Trainer) -> Path:
@@ -80,92 +75,6 @@ def _experiment_root(trainer: Trainer) -> Path:
     return Path(save_dir) / logger.name
 
 
-def is_finished_checkpoint(entry: Path) -> bool:
-    """Whether ``entry`` is a checkpoint whose save finished.
-
-    A file is (files are renamed into place whole), a hidden name never is (a save's
-    staging). A directory is once the file its writer writes last is there: FSDP's
-    ``accord_meta.pt``, DeepSpeed's ``latest``. A link is what it points to.
-    """
-    if entry.name.startswith("."):
-        return False
-    if entry.is_file():
-        return True
-    return entry.is_dir() and any((entry / name).is_file() for name in _FINISHED_MARKERS)
-
-
-def finished_checkpoints(directories: Iterable[Path], extension: str, depth: int) -> list[Path]:
-    """The finished checkpoints (``*<extension>``) in ``directories``, and in their
-    sub-directories down to ``depth`` levels (names with a ``/``, such as a metric
-    ``val/loss``, put checkpoints there)."""
-    found: list[Path] = []
-    for directory in dict.fromkeys(directories):
-        for level in _levels(directory, depth):
-            found += [
-                entry for entry in level.glob(f"*{extension}") if is_finished_checkpoint(entry)
-            ]
-    return found
-
-
-def _levels(directory: Path, depth: int) -> Iterator[Path]:
-    """``directory`` and its visible sub-directories down to ``depth`` levels, skipping
-    checkpoint directories and staging names."""
-    if not directory.is_dir():
-        return
-    yield directory
-    if depth <= 0:
-        return
-    for entry in directory.iterdir():
-        if entry.is_dir() and not entry.name.startswith(".") and not entry.is_symlink():
-            yield from _levels(entry, depth - 1)
-
-
-def link_atomically(target: Path, link: Path) -> None:
-    """Make ``link`` a relative symbolic link to ``target``, switched in whole.
-
-    The link is made under a hidden staging name and renamed over ``link``; a directory
-    in the way (a sharded checkpoint) is first moved aside to ``.<name>.old``, removed
-    once the link is in place. A reader of ``link`` finds the old checkpoint or the new
-    one, never none while both exist.
-
-    Raises:
-        OSError: the filesystem has no symbolic links.
-    """
-    staged = link.with_name(f".{link.name}.{secrets.token_hex(4)}.tmp")
-    staged.symlink_to(os.path.relpath(target, link.parent))
-    aside = link.with_name(f".{link.name}.old")
-    try:
-        if link.is_dir() and not link.is_symlink():
-            shutil.rmtree(aside, ignore_errors=True)
-            link.rename(aside)
-        staged.replace(link)
-    except BaseException:
-        staged.unlink(missing_ok=True)
-        raise
-    if aside.exists():
-        shutil.rmtree(aside, ignore_errors=True)
-
-
-def remove_leftovers(directory: Path, extension: str, depth: int) -> None:
-    """Delete the staging files and directories a killed save left in ``directory`` (and
-    its sub-directories down to ``depth``).
-
-    Only hidden names derived from a checkpoint name: ``.<name>.tmp`` and
-    ``.<name>.<random>.tmp`` (staged, never switched in), and ``.<name>.old`` once
-    ``<name>`` exists again. Finished checkpoints are never touched.
-    """
-    ext = re.escape(extension)
-    staged = re.compile(rf"\.(?P<name>.+{ext})\.(?:\w+\.)?tmp")
-    moved_aside = re.compile(rf"\.(?P<name>.+{ext})\.old")
-    for level in list(_levels(directory, depth)):
-        for entry in level.iterdir():
-            if staged.fullmatch(entry.name) or (
-                (match := moved_aside.fullmatch(entry.name))
-                and (level / match.group("name")).exists()
-            ):
-                _remove(entry)
-
-
 def remove_empty_parents(path: Path, root: Path) -> None:
     """Remove the directories between ``path`` and ``root`` that are left empty."""
     parent = path.parent
@@ -175,14 +84,6 @@ def remove_empty_parents(path: Path, root: Path) -> None:
         except OSError:
             return
         parent = parent.parent
-
-
-def _remove(path: Path) -> None:
-    """Delete a file, a link or a directory tree; one that is already gone is fine."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
 
 
 def write_scores_yaml(scores: Mapping[str, float], path: Path) -> None:

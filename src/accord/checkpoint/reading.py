@@ -1,56 +1,35 @@
-"""Checkpoint files: written atomically, read safely; checkpoint directories recognized.
+"""Checkpoints read safely: one file, or an engine's directory whole.
 
-A checkpoint is written to a temporary file beside its destination, flushed to disk and
-renamed over it, so a crash mid-write leaves the previous checkpoint intact. Reading uses
-``torch.load(weights_only=True)`` unless the caller opts out for a file they trust.
-
-A sharding strategy writes a directory instead: FSDP's sharded checkpoints
-(`torch.distributed.checkpoint`) and DeepSpeed's ZeRO checkpoints. `checkpoint_format` tells
-them apart by the files inside; the engine that owns a format registers a reader with
+Reading uses ``torch.load(weights_only=True)`` unless the caller opts out for a file they
+trust, and a file that is no checkpoint (empty, text, truncated, a directory) is refused
+with a message that says what it is. The engine that owns a directory format
+(`accord.checkpoint.formats.DIRECTORY_FORMATS`) registers a reader with
 `register_directory_reader`, and `read_checkpoint` reads a file or any registered directory
 as one full checkpoint dict, so a strategy that does not shard resumes from either.
 """
 
 from __future__ import annotations
 
-import os
 import pickle
 import re
-import shutil
-import tempfile
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 
-from accord.compiled import plain_names
+from accord.checkpoint.compiled_names import plain_names
+from accord.checkpoint.formats import DIRECTORY_FORMATS, check_format_version, checkpoint_format
 from accord.errors import CheckpointError
 
 __all__ = [
-    "CHECKPOINT_FORMAT_VERSION",
-    "DIRECTORY_FORMATS",
     "DirectoryReader",
-    "check_format_version",
-    "checkpoint_format",
-    "fsync_path",
     "load_checkpoint_file",
     "read_checkpoint",
+    "refused_globals",
     "register_directory_reader",
-    "remove_checkpoint_path",
-    "save_checkpoint_file",
-    "write_bytes_atomically",
 ]
-
-CHECKPOINT_FORMAT_VERSION = 1
-"""The newest ``accord_checkpoint_version`` this accord reads; a newer checkpoint is refused."""
-
-DIRECTORY_FORMATS: dict[str, str] = {
-    "fsdp_sharded": "an FSDP sharded checkpoint (a torch.distributed.checkpoint directory)",
-    "deepspeed": "a DeepSpeed checkpoint (ZeRO shards under a tag directory)",
-}
-"""The checkpoint directory formats `checkpoint_format` recognizes, with what each is."""
 
 _HOW_TO_READ = {
     "fsdp_sharded": (
@@ -76,72 +55,6 @@ _READERS: dict[str, DirectoryReader] = {}
 _REFUSED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
 _ZIP_MAGIC = b"PK\x03\x04"
 _PICKLE_PROTO = b"\x80"
-
-
-def save_checkpoint_file(checkpoint: dict[str, Any], path: str | Path) -> Path:
-    """Write ``checkpoint`` to ``path`` atomically (temporary file, fsync, rename)."""
-    return _write_atomically(path, lambda handle: torch.save(checkpoint, handle))
-
-
-def write_bytes_atomically(data: bytes, path: str | Path) -> Path:
-    """Write ``data`` to ``path`` as `save_checkpoint_file` writes a checkpoint.
-
-    For the small files that point into a checkpoint (such as DeepSpeed's ``latest``), so
-    a reader finds the old contents or the new ones, never a part.
-    """
-    return _write_atomically(path, lambda handle: handle.write(data))
-
-
-def _write_atomically(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        tmp.replace(target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_path(target.parent)
-    return target
-
-
-def remove_checkpoint_path(path: str | Path) -> None:
-    """Delete a checkpoint file or directory, if there is one.
-
-    A directory is first renamed to a hidden ``.<name>.removing.tmp``, so a crash in the
-    middle of the delete never leaves part of a checkpoint under its own name; the next
-    save's clean-up removes what is left.
-    """
-    target = Path(path)
-    if target.is_dir() and not target.is_symlink():
-        doomed = target.with_name(f".{target.name}.removing.tmp")
-        shutil.rmtree(doomed, ignore_errors=True)
-        target.rename(doomed)
-        shutil.rmtree(doomed)
-    else:
-        target.unlink(missing_ok=True)
-
-
-def fsync_path(path: str | Path) -> None:
-    """Flush a file, or a directory's entries (so a rename in it is durable), to disk.
-
-    Best effort: a filesystem that cannot open the path read-only, or flush it, is left as is.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def load_checkpoint_file(
@@ -177,11 +90,11 @@ def load_checkpoint_file(
     try:
         loaded = torch.load(source, map_location=map_location, weights_only=weights_only)
     except pickle.UnpicklingError as err:
-        refused = _REFUSED_GLOBAL.findall(str(err))
+        refused = refused_globals(err)
         if weights_only and refused:
             raise CheckpointError(
                 f"{str(source)!r} holds objects that weights_only=True refuses to unpickle: "
-                f"{', '.join(sorted(set(refused)))}. Unpickling them would run their code. "
+                f"{', '.join(refused)}. Unpickling them would run their code. "
                 "Only if you trust the file and where it came from, load it with "
                 "weights_only=False."
             ) from err
@@ -199,21 +112,6 @@ def load_checkpoint_file(
         )
     check_format_version(loaded, source)
     return loaded
-
-
-def checkpoint_format(path: str | Path) -> str | None:
-    """What ``path`` holds: ``"file"``, a key of `DIRECTORY_FORMATS`, or None (nothing
-    accord recognizes: missing, or a directory of something else)."""
-    source = Path(path)
-    if source.is_file():
-        return "file"
-    if not source.is_dir():
-        return None
-    if (source / ".metadata").is_file():
-        return "fsdp_sharded"
-    if (source / "latest").is_file() or any(source.glob("*/*model_states.pt")):
-        return "deepspeed"
-    return None
 
 
 def register_directory_reader(format_name: str, reader: DirectoryReader) -> None:
@@ -266,24 +164,10 @@ def _plain_model_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
     return checkpoint
 
 
-def check_format_version(checkpoint: dict[str, Any], source: str | Path) -> None:
-    """Refuse a checkpoint written in a newer format than `CHECKPOINT_FORMAT_VERSION`.
-
-    Raises:
-        CheckpointError: its ``accord_checkpoint_version`` is newer, or not a number.
-    """
-    version = checkpoint.get("accord_checkpoint_version", CHECKPOINT_FORMAT_VERSION)
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise CheckpointError(
-            f"{str(source)!r} has format version {version!r}, not a number: it is not a "
-            "checkpoint accord wrote, or it was altered."
-        )
-    if version > CHECKPOINT_FORMAT_VERSION:
-        raise CheckpointError(
-            f"{str(source)!r} was written by a newer accord (checkpoint format version "
-            f"{version}); this one reads versions up to {CHECKPOINT_FORMAT_VERSION}. "
-            "Upgrade accord to load it."
-        )
+def refused_globals(error: BaseException) -> list[str]:
+    """The globals (``module.name``) that ``torch.load``'s weights-only unpickler refused,
+    by the message of its ``error``, sorted and each once; empty for another error."""
+    return sorted(set(_REFUSED_GLOBAL.findall(str(error))))
 
 
 def _check_header(source: Path) -> None:

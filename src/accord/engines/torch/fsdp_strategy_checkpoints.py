@@ -1,9 +1,9 @@
-"""`_FSDPState`: the part of `FSDPStrategy` that reads and writes the sharded state.
+"""`_FSDPCheckpoints`: the part of `FSDPStrategy` that reads and writes the sharded state.
 
 A base class of `FSDPStrategy` (`accord.engines.torch.fsdp`) holding `reshard`, `unwrap`,
 the model's and the optimizers' state dicts and the checkpoint methods (sharded
-directories or full files, `accord.engines.torch.fsdp_checkpoint`). `FSDPStrategy` sets
-the attributes it reads when it wraps the module and its optimizers.
+directories or full files, `accord.engines.torch.fsdp_checkpoint_directory`).
+`FSDPStrategy` sets the attributes it reads when it wraps the module and its optimizers.
 """
 
 from __future__ import annotations
@@ -15,16 +15,17 @@ import torch
 from torch import nn
 from typing_extensions import override
 
-from accord.checkpoint_io import checkpoint_format, read_checkpoint
-from accord.compiled import plain_names
+from accord.checkpoint.compiled_names import plain_names
+from accord.checkpoint.formats import checkpoint_format
+from accord.checkpoint.reading import read_checkpoint
+from accord.checkpoint.writing import remove_checkpoint_path
 from accord.core.parallel import ParallelStrategy
 from accord.core.step_module import StepModule
 from accord.engines.torch.collective import TorchCollective
-from accord.engines.torch.fsdp_checkpoint import (
+from accord.engines.torch.fsdp_checkpoint_directory import (
     load_options,
     load_sharded,
     name_parameters,
-    remove_path,
     save_sharded,
     state_dict_options,
 )
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 StateDictType = Literal["sharded", "full"]
 
 
-class _FSDPState(ParallelStrategy):
+class _FSDPCheckpoints(ParallelStrategy):
     """`FSDPStrategy`'s state dicts and checkpoints, on the model it sharded."""
 
     state_dict_type: StateDictType
@@ -134,7 +135,7 @@ class _FSDPState(ParallelStrategy):
         """
         if self.state_dict_type == "full":
             if self.is_global_zero and Path(path).is_dir():
-                remove_path(Path(path))  # a sharded checkpoint of the same name
+                remove_checkpoint_path(path)  # a sharded checkpoint of the same name
             super().save_checkpoint(checkpoint, path)
             return
         save_sharded(self, checkpoint, Path(path), self.process_group)
@@ -145,7 +146,7 @@ class _FSDPState(ParallelStrategy):
 
         A sharded checkpoint is read into this run's shards, whatever the number of ranks
         that wrote it; its ``state_dict`` and ``optimizer_states`` hold DTensors. A file, or
-        another strategy's directory, is read whole (`accord.checkpoint_io.read_checkpoint`).
+        another strategy's directory, is read whole (`accord.checkpoint.read_checkpoint`).
         """
         source = Path(path)
         if checkpoint_format(source) != "fsdp_sharded":
@@ -161,4 +162,4 @@ class _FSDPState(ParallelStrategy):
     @override
     def remove_checkpoint(self, path: str | Path) -> None:
         if self.is_global_zero:
-            remove_path(Path(path))
+            remove_checkpoint_path(path)
