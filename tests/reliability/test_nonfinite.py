@@ -174,7 +174,7 @@ def _decide_at_twelve_ranks(rank: int, world_size: int) -> list[tuple[Any, ...]]
 
 @pytest.mark.timeout(240)
 def test_the_decision_names_every_rank_beyond_ten() -> None:
-    """Ten ranks share a word of the decision: ranks 3 and 11 (different words) report a
+    """Seven ranks share a word of the decision: ranks 3 and 11 (different words) report a
     NaN, rank 5 skips and rank 10 was signalled, and all twelve ranks read the same."""
     results = run_distributed(_decide_at_twelve_ranks, 12, timeout=200)
     expected = [(True, (3, 11), (10,))] * 2 + [(False, (), ())]

@@ -140,11 +140,12 @@ class StrategyCommunication(ABC):
         base = self.base_collective
         return isinstance(base, MemberCollective) and base.can_regroup
 
-    def regroup(self, progress: dict[str, Any]) -> Regrouped:
+    def regroup(self, progress: dict[str, Any], admit: bool = False) -> Regrouped:
         """After a failed wait: form a new group of the ranks left, through the
         collective (`accord.core.membership.MemberCollective.regroup`); every survivor
-        calls it with what it tells the others about itself. `global_rank` and
-        `world_size` follow the new group.
+        calls it with what it tells the others about itself. With ``admit``, at a step
+        boundary: take in the replacements waiting to join (`join_pending`). `global_rank`
+        and `world_size` follow the new group.
 
         Raises:
             CollectiveError: the collective cannot regroup.
@@ -157,10 +158,35 @@ class StrategyCommunication(ABC):
                 f"{type(base).__name__} cannot go on without a lost rank: it keeps no "
                 "membership of its own."
             )
-        regrouped = base.regroup(progress)
+        regrouped = base.regroup(progress, admit)
         rank_zero_only.rank = base.rank  # type: ignore[attr-defined]
         self.membership = (base.rank, base.world_size)
         return regrouped
+
+    @property
+    def join_pending(self) -> bool:
+        """Whether a replacement rank waits to be taken in at the next step boundary."""
+        base = self.base_collective
+        return isinstance(base, MemberCollective) and base.join_pending
+
+    @property
+    def rejoining(self) -> bool:
+        """Whether this process replaces a lost rank (``ACCORD_REJOIN=1``) and works alone
+        until it joins the running group (`join_running`)."""
+        base = self.base_collective
+        return isinstance(base, MemberCollective) and base.rejoining
+
+    def join_running(self) -> Regrouped:
+        """As a replacement (`rejoining`), at the training loop: join the running group at
+        its next step boundary, through the collective
+        (`accord.core.membership.MemberCollective.join_running`). `global_rank` and
+        `world_size` follow the group joined."""
+        base = self.base_collective
+        assert isinstance(base, MemberCollective)
+        joined = base.join_running()
+        rank_zero_only.rank = base.rank  # type: ignore[attr-defined]
+        self.membership = (base.rank, base.world_size)
+        return joined
 
     def diagnose(self, error: BaseException, where: str) -> AccordError | None:
         """An error naming who a failed wait (``error``, at ``where`` on this rank) was on:

@@ -32,6 +32,9 @@ __all__ = [
     "Liveness",
     "Survey",
     "beat_key",
+    "current_key",
+    "join_key",
+    "joins_key",
     "left_key",
     "lost_key",
     "lost_ranks_error",
@@ -55,6 +58,23 @@ def members_prefix() -> str:
 def beat_key(prefix: str, member: int) -> str:
     """The key of member ``member``'s heartbeat counter."""
     return f"{prefix}liveness/count/{member}"
+
+
+def current_key(prefix: str) -> str:
+    """The key naming the group in progress (its prefix, generation and members), for a
+    replacement that joins."""
+    return f"{prefix}current"
+
+
+def joins_key(prefix: str) -> str:
+    """The key counting the replacement ranks that asked to join; the ``i``-th request is
+    under `join_key`."""
+    return f"{prefix}joins"
+
+
+def join_key(prefix: str, index: int) -> str:
+    """The key of the ``index``-th request to join: the member id of the rank asking."""
+    return f"{prefix}join/{index}"
 
 
 def left_key(prefix: str, member: int) -> str:
@@ -113,6 +133,10 @@ class Liveness:
         self.member = member
         self.members = tuple(members)
         self.describe: Callable[[], str] = lambda: ""
+        # Requests to join seen on the store, and those the group has taken in (or found
+        # gone): a replacement waits while the first is larger.
+        self.joins_seen = 0
+        self.joins_handled = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._store: Any = None
@@ -139,6 +163,11 @@ class Liveness:
         self._thread = threading.Thread(target=self._beat, name="accord-heartbeat", daemon=True)
         self._thread.start()
 
+    @property
+    def join_pending(self) -> bool:
+        """Whether a replacement rank asked to join and has not been taken in yet."""
+        return self.joins_seen > self.joins_handled
+
     def stop(self) -> None:
         """Stop the heartbeat (the others will see this member as gone)."""
         self._stop.set()
@@ -152,6 +181,7 @@ class Liveness:
         except Exception:  # the store is gone: nobody can read a heartbeat anyway
             return
         count, doing = self._key("count", self.member), self._key("doing", self.member)
+        joins = joins_key(self.prefix)
         while not self._stop.is_set():
             try:
                 said = self.describe()
@@ -160,6 +190,7 @@ class Liveness:
             try:
                 store.set(doing, said)
                 store.add(count, 1)
+                self.joins_seen = int(store.add(joins, 0))
             except Exception:
                 return  # the store went away with its host; there is nothing to tell
             self._stop.wait(BEAT_SECONDS)

@@ -32,6 +32,8 @@ class MemberCollective(Collective):
         self._rank = -1
         self._world_size = -1
         self._progress: Callable[[], str] = _nothing
+        # A replacement for a lost rank, working alone until it joins (`join_running`).
+        self.rejoining = False
 
     def report_progress(self, describe: Callable[[], str]) -> None:
         """What this rank is doing, asked when another rank needs to know (a wait that
@@ -47,12 +49,28 @@ class MemberCollective(Collective):
         return None
 
     @property
+    def join_pending(self) -> bool:
+        """Whether a replacement rank waits to be taken in by `regroup` (``admit``)."""
+        return False
+
+    def join_running(self) -> Regrouped:
+        """As a replacement for a lost rank (`rejoining`): join the running group at its
+        next step boundary (see
+        `accord.core.process_group.ProcessGroupCollective.join_running`).
+
+        Raises:
+            CollectiveError: this collective cannot.
+        """
+        raise CollectiveError(f"{type(self).__name__} cannot join a running group.")
+
+    @property
     def can_regroup(self) -> bool:
         """Whether `regroup` can form a new group of the survivors of a lost rank."""
         return False
 
-    def regroup(self, progress: dict[str, Any]) -> Regrouped:
-        """Form a new group of the ranks left after a failed wait (see
+    def regroup(self, progress: dict[str, Any], admit: bool = False) -> Regrouped:
+        """Form a new group of the ranks left after a failed wait, or with ``admit`` of the
+        ranks and the replacements waiting to join (see
         `accord.core.process_group.ProcessGroupCollective.regroup`).
 
         Raises:

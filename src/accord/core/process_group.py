@@ -20,6 +20,7 @@ torch.distributed is imported when a group is set up, not when this module is.
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -29,8 +30,13 @@ from accord.core.backend_threads import LentTensors, settle_at_exit
 from accord.core.connections import GroupConnections
 from accord.core.liveness import Liveness, lost_ranks_error, members_prefix
 from accord.core.membership import MemberCollective
-from accord.core.regroup import Regrouped, Regrouping
-from accord.core.rendezvous import init_group_on_prefix, init_group_on_shared_store
+from accord.core.regroup import REJOIN_ENV_VAR, Regrouped, Regrouping
+from accord.core.rendezvous import (
+    client_store,
+    init_group_on_prefix,
+    init_group_on_shared_store,
+    rendezvous_timeout,
+)
 from accord.core.rendezvous_address import Rendezvous, find_rendezvous
 from accord.core.timeouts import BackendTimeouts, as_timedelta, timeout_from_env
 from accord.errors import AccordError, CollectiveError, ConfigurationError, is_communication_error
@@ -166,6 +172,16 @@ class ProcessGroupCollective(MemberCollective):
             backend = self._backend or self._default_backend()
             if meeting.init_method is not None:
                 self._init_with_method(backend, meeting)
+            elif os.environ.pop(REJOIN_ENV_VAR, None) == "1":
+                # A replacement works alone until it reaches the training loop
+                # (`join_running`): what ranks do before it (setup hooks, wrapping the
+                # module) must not meet the running group's collectives.
+                alone = dist.HashStore()  # type: ignore[attr-defined]
+                dist.init_process_group(
+                    backend, store=alone, rank=0, world_size=1, timeout=self.timeout
+                )
+                self._join()
+                self._meeting, self.rejoining = meeting, True
             else:
                 store, prefix = init_group_on_shared_store(
                     backend,
@@ -187,6 +203,8 @@ class ProcessGroupCollective(MemberCollective):
                     range(meeting.world_size),
                     self.timeout,
                 )
+                if meeting.rank == 0:
+                    self._regrouping.publish()
             self._created = True
         self._rank = dist.get_rank(self._group)
         self._world_size = dist.get_world_size(self._group)
@@ -233,7 +251,10 @@ class ProcessGroupCollective(MemberCollective):
         if self.liveness is not None:
             self.liveness.stop()
             self.liveness = None
+        if self._regrouping is not None and self._rank == 0:
+            self._regrouping.close()
         self._regrouping = self._meeting = None
+        self.rejoining = False
         if self._created and dist.is_initialized():
             self._destroy()
         self._ready = False
@@ -266,6 +287,57 @@ class ProcessGroupCollective(MemberCollective):
         return lost_ranks_error(liveness.survey(), self._rank, where, error)
 
     # ----------------------------------------------------------------- regroup
+    @override
+    def join_running(self) -> Regrouped:
+        """As a replacement (``ACCORD_REJOIN=1``), at the training loop: leave the group of
+        one `setup` made, ask the running group to take this rank in and join it once it
+        has, at its next step boundary (`Regrouping.join`).
+
+        Raises:
+            CollectiveError: this process is no replacement (see `rejoining`).
+            accord.core.regroup.Excluded: the run ended before it took this rank in.
+            RankFailureError: no group took this rank in within the rendezvous timeout.
+        """
+        import torch.distributed as dist
+
+        meeting = self._meeting
+        if not self.rejoining or meeting is None:
+            raise CollectiveError(f"{type(self).__name__} is not waiting to join a run.")
+        dist.destroy_process_group()
+        store = client_store(meeting.address, meeting.port)
+        self._start_heartbeat(meeting)
+        regrouping, joined = Regrouping.join(
+            store, members_prefix(), meeting.rank, self.timeout, rendezvous_timeout()
+        )
+        rank = joined.rank_of(meeting.rank)
+        self._prepare(rank)
+        init_group_on_prefix(
+            self._backend or self._default_backend(),
+            store,
+            regrouping.group_prefix(),
+            meeting.address,
+            meeting.port,
+            rank,
+            len(joined.members),
+            self.timeout,
+            self._connections,
+        )
+        self._join()
+        self._regrouping, self.rejoining = regrouping, False
+        self._rank, self._world_size = dist.get_rank(), dist.get_world_size()
+        if self.liveness is not None:
+            self.liveness.members = joined.members
+            self.liveness.joins_handled = regrouping.joins_handled
+        settle_at_exit()
+        self._adopt()
+        return joined
+
+    @property
+    @override
+    def join_pending(self) -> bool:
+        """Whether a replacement rank waits to be taken in (see `regroup`'s ``admit``)."""
+        return self.liveness is not None and self.liveness.join_pending
+
     @property
     @override
     def can_regroup(self) -> bool:
@@ -279,7 +351,7 @@ class ProcessGroupCollective(MemberCollective):
         return self._regrouping.member if self._regrouping is not None else self.rank
 
     @override
-    def regroup(self, progress: dict[str, Any]) -> Regrouped:
+    def regroup(self, progress: dict[str, Any], admit: bool = False) -> Regrouped:
         """After a failed wait: drop the group, agree with the other survivors on who is
         left (`accord.core.regroup`), and form a new default group of them on a fresh key
         prefix. Every survivor must call it; ``progress`` is what this rank tells the
@@ -305,7 +377,7 @@ class ProcessGroupCollective(MemberCollective):
         self._connections.sever()
         if dist.is_initialized():
             dist.destroy_process_group()
-        regrouped = regrouping.agree(progress)
+        regrouped = regrouping.agree(progress, admit)
         rank = regrouped.rank_of(regrouping.member)
         self._rank, self._world_size = rank, len(regrouped.members)
         self._prepare(rank)
@@ -325,6 +397,7 @@ class ProcessGroupCollective(MemberCollective):
         self._world_size = dist.get_world_size()
         if self.liveness is not None:
             self.liveness.members = regrouped.members
+            self.liveness.joins_handled = regrouping.joins_handled
         self._adopt()
         return regrouped
 

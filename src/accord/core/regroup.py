@@ -25,6 +25,7 @@ serves it, rank 0's loss ends the run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Sequence
@@ -32,10 +33,22 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from accord.core.liveness import BEAT_SECONDS, beat_key, left_key, lost_key
+from accord.core.liveness import (
+    BEAT_SECONDS,
+    beat_key,
+    current_key,
+    join_key,
+    joins_key,
+    left_key,
+    lost_key,
+)
 from accord.errors import EXCLUDED_EXIT_CODE, RankFailureError
 
-__all__ = ["STALE_SECONDS", "Excluded", "Regrouped", "Regrouping"]
+__all__ = ["REJOIN_ENV_VAR", "STALE_SECONDS", "Excluded", "Regrouped", "Regrouping"]
+
+REJOIN_ENV_VAR = "ACCORD_REJOIN"
+"""Set to ``1`` by a launcher for a process it starts to replace a lost rank: the process
+joins the group already running (`Regrouping.join`) instead of forming a new one."""
 
 STALE_SECONDS = 6 * BEAT_SECONDS
 """How long a member's heartbeat must stand still before the others count it gone (its
@@ -52,19 +65,16 @@ class Excluded(SystemExit):
     for what it is: not a failure of the run.
     """
 
-    def __init__(self, member: int, step_note: str) -> None:
+    def __init__(self, member: int, reason: str) -> None:
         super().__init__(EXCLUDED_EXIT_CODE)
         self.member = member
-        self.step_note = step_note
+        self.reason = reason
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.member, self.step_note))
+        return (type(self), (self.member, self.reason))
 
     def __str__(self) -> str:
-        return (
-            f"Member {self.member} was left out of the group {self.step_note}: the other "
-            "ranks found it gone (it did not answer in time) and continue without it."
-        )
+        return f"Rank {self.member} {self.reason}"
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,7 @@ class Regrouped:
         lost: the members of the previous group that are not in the new one.
         progress: what each member of the new group said about itself.
         causes: how a lost member ended, where its launcher said (``"SIGKILL"``).
+        joined: the members the new group took in (replacements), not in the previous one.
     """
 
     generation: int
@@ -84,6 +95,7 @@ class Regrouped:
     lost: tuple[int, ...]
     progress: dict[int, dict[str, Any]]
     causes: dict[int, str] = field(default_factory=dict)
+    joined: tuple[int, ...] = ()
 
     def rank_of(self, member: int) -> int:
         """The rank of ``member`` in the new group."""
@@ -119,32 +131,45 @@ class Regrouping:
         self.members = tuple(members)
         self.generation = 0
         self.timeout = timeout
+        # Requests to join (`accord.core.liveness.join_key`) already decided on.
+        self.joins_handled = 0
 
     def group_prefix(self, generation: int | None = None) -> str:
         """The key prefix the group of ``generation`` (default: the current one) meets on."""
         return f"{self.prefix}g{self.generation if generation is None else generation}/"
 
-    def agree(self, progress: dict[str, Any]) -> Regrouped:
-        """Meet the other survivors and return the group they agreed on.
+    def publish(self) -> None:
+        """Say on the store which group is current, for a replacement that joins."""
+        current = {"prefix": self.prefix, "generation": self.generation, "members": self.members}
+        self.store.set(current_key(self.members_prefix), json.dumps(current))
+
+    def close(self) -> None:
+        """Say on the store that the group has ended, so a replacement stops waiting."""
+        with contextlib.suppress(RuntimeError, OSError):  # the store is gone with the run
+            self.store.set(current_key(self.members_prefix), json.dumps({"closed": True}))
+
+    def agree(self, progress: dict[str, Any], admit: bool = False) -> Regrouped:
+        """Meet the other survivors and return the group they agreed on; with ``admit``,
+        the replacements that asked to join (`join`) are taken in too.
 
         Raises:
             Excluded: the others went on without this member.
             RankFailureError: the store does not answer (its host is gone).
         """
-        base = f"{self.prefix}gen{self.generation}/"
+        base = self._base()
         try:
             self.store.set(f"{base}here/{self.member}", json.dumps(progress))
-            decision = self._decide(base)
-            members = tuple(int(m) for m in json.loads(decision))
-            if self.member not in members:
-                raise Excluded(self.member, f"at generation {self.generation}")
-            reported = {
-                m: json.loads(bytes(self.store.get(f"{base}here/{m}")).decode()) for m in members
-            }
-            lost = tuple(m for m in self.members if m not in members)
-            for m in lost:
+            decision = json.loads(self._decide(base, admit))
+            if self.member not in decision["members"]:
+                raise Excluded(
+                    self.member,
+                    "was left out of the group: the other ranks found it gone (it did not "
+                    "answer in time) and went on without it.",
+                )
+            regrouped = self._adopt(base, decision)
+            for m in regrouped.lost:
                 self.store.set(left_key(self.members_prefix, m), "1")
-            causes = self._causes(lost)
+            self.publish()
         except (RuntimeError, OSError) as err:
             if isinstance(err, RankFailureError):
                 raise
@@ -155,11 +180,82 @@ class Regrouping:
                 "ddp_spawn's launching process keep it through any rank's loss.",
                 ranks=[0],
             ) from err
+        return regrouped
+
+    @classmethod
+    def join(
+        cls,
+        store: Any,
+        members_prefix: str,
+        member: int,
+        timeout: timedelta,
+        wait: timedelta,
+    ) -> tuple[Regrouping, Regrouped]:
+        """As a replacement for member ``member``: ask the running group to take this
+        process in, and return the membership once it has (at its next step boundary),
+        waiting at most ``wait``.
+
+        Raises:
+            RankFailureError: no group took this process in within ``wait``.
+        """
+        deadline = time.monotonic() + wait.total_seconds()
+        asked = False
+        seen = -1
+        while time.monotonic() < deadline:
+            store.wait([current_key(members_prefix)], wait)
+            current = json.loads(bytes(store.get(current_key(members_prefix))).decode())
+            if current.get("closed"):
+                raise Excluded(member, "came to rejoin the run after it had ended.")
+            if current["generation"] == seen or member in current["members"]:
+                # Not before the group went on without the member this process replaces.
+                time.sleep(_LOOK_SECONDS)
+                continue
+            if not asked:
+                # An earlier life of this member was noted gone: the notes were about it.
+                store.delete_key(lost_key(members_prefix, member))
+                store.delete_key(left_key(members_prefix, member))
+                index = int(store.add(joins_key(members_prefix), 1)) - 1
+                store.set(join_key(members_prefix, index), str(member))
+                asked = True
+            seen = current["generation"]
+            regrouping = cls(
+                store, current["prefix"], members_prefix, member, current["members"], timeout
+            )
+            regrouping.generation = seen
+            base = regrouping._base()
+            store.set(f"{base}here/{member}", json.dumps({"joining": True}))
+            key = f"{base}decision"
+            while not store.check([key]) and time.monotonic() < deadline:
+                time.sleep(_LOOK_SECONDS)
+            if not store.check([key]):
+                break
+            decision = json.loads(bytes(store.get(key)).decode())
+            if member in decision["members"]:
+                return regrouping, regrouping._adopt(base, decision)
+        raise RankFailureError(
+            f"Member {member} asked to rejoin the run but no group took it in within "
+            f"{wait.total_seconds():g} s: the other ranks have finished or are gone.",
+            ranks=[member],
+        )
+
+    def _base(self) -> str:
+        return f"{self.prefix}gen{self.generation}/"
+
+    def _adopt(self, base: str, decision: dict[str, Any]) -> Regrouped:
+        """Take ``decision`` (of the generation under ``base``) as this member's group."""
+        members = tuple(int(m) for m in decision["members"])
+        reported = {
+            m: json.loads(bytes(self.store.get(f"{base}here/{m}")).decode()) for m in members
+        }
+        lost = tuple(m for m in self.members if m not in members)
+        joined = tuple(m for m in members if m not in self.members)
+        causes = self._causes(lost)
         self.generation += 1
         self.members = members
-        return Regrouped(self.generation, members, lost, reported, causes)
+        self.joins_handled = int(decision["joins"])
+        return Regrouped(self.generation, members, lost, reported, causes, joined)
 
-    def _decide(self, base: str) -> str:
+    def _decide(self, base: str, admit: bool) -> str:
         """The decision on this generation: read it, or take it (see the module's text)."""
         store, key = self.store, f"{base}decision"
         start = time.monotonic()
@@ -169,11 +265,13 @@ class Regrouping:
             if store.check([key]):
                 return bytes(store.get(key)).decode()
             now = time.monotonic()
-            here = {m for m in self.members if store.check([f"{base}here/{m}"])}
+            joins = int(store.add(joins_key(self.members_prefix), 0)) if admit else 0
+            candidates = set(self.members)
+            for index in range(self.joins_handled, joins):
+                candidates.add(int(bytes(store.get(join_key(self.members_prefix, index)))))
+            here = {m for m in candidates if store.check([f"{base}here/{m}"])}
             gone = set()
-            for m in self.members:
-                if m in here:
-                    continue
+            for m in candidates - here:
                 if store.check([lost_key(self.members_prefix, m)]):
                     gone.add(m)  # its launcher saw it end
                     continue
@@ -183,8 +281,9 @@ class Regrouping:
                     beats[m] = (count, now)
                 elif now - since >= STALE_SECONDS:
                     gone.add(m)  # its heartbeat stood still: dead or frozen
-            if here | gone == set(self.members) or now > deadline:
-                proposal = json.dumps(sorted(here))
+            if here | gone == candidates or now > deadline:
+                handled = max(joins, self.joins_handled)
+                proposal = json.dumps({"members": sorted(here), "joins": handled})
                 return bytes(store.compare_set(key, "", proposal)).decode()
             time.sleep(_LOOK_SECONDS)
 

@@ -33,6 +33,7 @@ __all__ = [
     "launcher_serves_store",
     "serve_store",
     "attempt_prefix",
+    "client_store",
     "RENDEZVOUS_TIMEOUT_ENV_VAR",
     "init_group_on_prefix",
     "init_group_on_shared_store",
@@ -156,6 +157,13 @@ def _rendezvous_store(address: str, port: int, host: bool, timeout: timedelta) -
         store.set_timeout(timeout)
     _STORES[key] = (store, generation + 1)
     return store, generation + 1
+
+
+def client_store(address: str, port: int) -> Any:
+    """This process's connection to the store served on ``address:port`` (a client:
+    for a rank that joins a group already running)."""
+    store, _ = _rendezvous_store(address, port, False, rendezvous_timeout())
+    return store
 
 
 def init_group_on_shared_store(

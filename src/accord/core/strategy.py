@@ -265,7 +265,10 @@ class Strategy(StrategyTraining, StrategyCommunication, StrategyCheckpointing):
             self.accelerator.setup_device(self.root_device)
         self.collective.setup(**self.collective_setup_kwargs())
         # lightning_utilities' rank_zero_* helpers print on this process's global rank.
-        rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]
+        # A replacement for a lost rank is rank 0 of a group of its own until it joins:
+        # the run's rank 0 prints.
+        rank = -1 if self.rejoining else self.global_rank
+        rank_zero_only.rank = rank  # type: ignore[attr-defined]
 
     def collective_setup_kwargs(self) -> dict[str, Any]:
         """Arguments passed to ``collective.setup()``."""

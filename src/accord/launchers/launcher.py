@@ -51,6 +51,10 @@ class Launcher(ABC):
     """When True, a rank that dies does not stop the others: the run goes on without it
     (``Trainer(on_rank_loss="continue")`` sets it for a fit)."""
 
+    max_restarts: int = 0
+    """With `survive_rank_loss`: how many times a lost rank's process is started again, to
+    rejoin the run in progress (``ACCORD_REJOIN=1``)."""
+
     @property
     def is_interactive_compatible(self) -> bool:
         """Whether it works from a notebook or a REPL (no script to re-run)."""

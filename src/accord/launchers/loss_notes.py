@@ -69,6 +69,15 @@ class LossNotes:
         except Exception:
             _log.debug("could not note rank %d's loss on the store", member, exc_info=True)
 
+    def forget(self, member: int) -> None:
+        """Drop the notes on member ``member`` (its replacement starts)."""
+        try:
+            store = self._connect()
+            store.delete_key(lost_key(self._prefix, member))
+            store.delete_key(left_key(self._prefix, member))
+        except Exception:
+            _log.debug("could not clear rank %d's notes on the store", member, exc_info=True)
+
     def left(self, member: int) -> bool:
         """Whether the survivors went on without member ``member``."""
         try:

@@ -26,6 +26,7 @@ from typing import Any
 
 from typing_extensions import override
 
+from accord.core.regroup import REJOIN_ENV_VAR
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import (
     EXCLUDED_EXIT_CODE,
@@ -79,8 +80,13 @@ class SubprocessScriptLauncher(Launcher):
         self._failure: tuple[int, int] | None = None
         self._handling = False
         self._handled = threading.Event()
-        # The children lost while the run went on without them (local rank: exit code).
+        # The children lost while the run went on without them (local rank: exit code),
+        # those to start again once the others went on without them, and how many times
+        # each was.
         self._lost: dict[int, int] = {}
+        self._to_restart: set[int] = set()
+        self._restarts: dict[int, int] = {}
+        self._command: list[str] = []
 
     @override
     def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -220,17 +226,19 @@ class SubprocessScriptLauncher(Launcher):
         import torch
 
         torch.set_num_threads(int(shared["OMP_NUM_THREADS"]))
+        self._command = command
         for local_rank in range(1, self.num_processes):
-            child_env = {
-                **os.environ,
-                **shared,
-                "LOCAL_RANK": str(local_rank),
-                _PARENT_ENV: str(os.getpid()),
-            }
-            self.children.append(subprocess.Popen(command, env=child_env))
+            self.children.append(subprocess.Popen(command, env=self._child_env(local_rank)))
         atexit.register(self._reap)
         watcher = threading.Thread(target=self._watch_children, name="accord-watcher", daemon=True)
         watcher.start()
+
+    def _child_env(self, local_rank: int, rejoin: bool = False) -> dict[str, str]:
+        """The environment of local rank ``local_rank`` (``rejoin``: a replacement)."""
+        env = {**os.environ, "LOCAL_RANK": str(local_rank), _PARENT_ENV: str(os.getpid())}
+        if rejoin:
+            env[REJOIN_ENV_VAR] = "1"
+        return env
 
     def _watch_children(self) -> None:
         notes = LossNotes(self.cluster_environment) if self.survive_rank_loss else None
@@ -241,10 +249,11 @@ class SubprocessScriptLauncher(Launcher):
                 continue
             if notes is not None:
                 self._stop_left(notes)
+                self._restart_lost(notes)
             if failure is not None:
                 self._fail(failure)
                 return
-            if all(
+            if not self._to_restart and all(
                 child.poll() in _FINE or local_rank in self._lost
                 for local_rank, child in enumerate(self.children, start=1)
             ):
@@ -266,6 +275,30 @@ class SubprocessScriptLauncher(Launcher):
             _how(code),
         )
         notes.lost(member, code)
+        if self._restarts.get(local_rank, 0) < self.max_restarts:
+            self._to_restart.add(local_rank)
+
+    def _restart_lost(self, notes: LossNotes) -> None:
+        """Start a replacement for each lost child with restarts left, once the others
+        went on without it: it joins the run at the next step boundary."""
+        for local_rank in sorted(self._to_restart):
+            member = self._member(local_rank)
+            if not notes.left(member):
+                continue
+            self._to_restart.discard(local_rank)
+            notes.forget(member)
+            self._restarts[local_rank] = self._restarts.get(local_rank, 0) + 1
+            _log.warning(
+                "starting local rank %d (rank %d) again (restart %d of %d); it rejoins the "
+                "run at the next step boundary.",
+                local_rank,
+                member,
+                self._restarts[local_rank],
+                self.max_restarts,
+            )
+            child = subprocess.Popen(self._command, env=self._child_env(local_rank, True))
+            self.children[local_rank - 1] = child
+            del self._lost[local_rank]
 
     def _stop_left(self, notes: LossNotes) -> None:
         """Kill the children the others went on without (a frozen rank), so no process

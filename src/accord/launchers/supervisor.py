@@ -8,7 +8,10 @@ or is left out by the others, this process notes it on the agent's store (the su
 read it when they regroup) and leaves quietly with status 0, so the agent keeps the
 others running; the survivors train on and finish the run. Signals this process gets
 (torchrun's SIGTERM, a preemption) are passed on to the child. The child's result comes
-back pickled, as under ``ddp_spawn``.
+back pickled, as under ``ddp_spawn``. With ``torchrun --max-restarts N``, a lost child is
+forked again, up to N times: the new child joins the run in progress at its next step
+boundary and takes the training state from the others (the agent's own restart of every
+rank is then never needed).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 
 from typing_extensions import override
 
-from accord.core.regroup import Excluded
+from accord.core.regroup import REJOIN_ENV_VAR, Excluded
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import EXCLUDED_EXIT_CODE, PREEMPTED_EXIT_CODE, Preempted, RankFailureError
 from accord.launchers.launcher import PARENT_ENV, Launcher, SignalForwarder
@@ -78,30 +81,26 @@ def supervise(
         Preempted: the child stopped for a preemption.
         BaseException: the child's own error.
     """
-    receiver, sender = Pipe(duplex=False)
-    pid = os.fork()
-    if pid == 0:  # the child: this rank's training
-        receiver.close()
-        _run_child(fn, args, kwargs, sender)
-    sender.close()
-    forwarder = SignalForwarder(lambda: [pid])
-    forwarder.install()
-    try:
-        try:
-            message = receiver.recv()
-        except EOFError:
-            message = None
-    finally:
-        forwarder.restore()
-        _, status = os.waitpid(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    if message is None or message[0] == "excluded":
+    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+    rejoin = False
+    while True:
+        message, code = _run_forked(fn, args, kwargs, rejoin)
+        if message is not None and message[0] != "excluded":
+            break
         member = env.global_rank()
         cause = "left out by the others" if message else cause_of(code)
         _log.warning("rank %d's training ended (%s); the others go on without it.", member, cause)
-        if message is None:
-            LossNotes(env).lost(member, code)
-        raise SystemExit(0)
+        if message is not None:
+            raise SystemExit(0)
+        LossNotes(env).lost(member, code)
+        if restarts <= 0:
+            raise SystemExit(0)
+        restarts -= 1
+        rejoin = True
+        _log.warning(
+            "starting rank %d's training again; it rejoins the run at the next step boundary.",
+            member,
+        )
     kind, body = message
     if kind == "ok":
         return pickle.loads(body)
@@ -111,6 +110,32 @@ def supervise(
     if isinstance(error, BaseException):
         raise error
     raise RankFailureError(str(error))
+
+
+def _run_forked(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], rejoin: bool
+) -> tuple[tuple[str, Any] | None, int]:
+    """Fork, run the work in the child (``rejoin``: as a replacement joining the run in
+    progress), and return what it sent (None if it died first) and its exit status."""
+    receiver, sender = Pipe(duplex=False)
+    pid = os.fork()
+    if pid == 0:  # the child: this rank's training
+        receiver.close()
+        if rejoin:
+            os.environ[REJOIN_ENV_VAR] = "1"
+        _run_child(fn, args, kwargs, sender)
+    sender.close()
+    forwarder = SignalForwarder(lambda: [pid])
+    forwarder.install()
+    try:
+        try:
+            message: tuple[str, Any] | None = receiver.recv()
+        except EOFError:
+            message = None
+    finally:
+        forwarder.restore()
+        _, status = os.waitpid(pid, 0)
+    return message, os.waitstatus_to_exitcode(status)
 
 
 def _run_child(

@@ -68,8 +68,10 @@ class FitLoop:
         trainer.has_validation = self.val_source is not None and trainer.limit_val_batches != 0
         state.hooks.call("on_fit_start")
         # Lightning's order: the sanity check asks for the validation loader, then the fit
-        # for the training loader (unless estimated_stepping_batches already did).
-        self._sanity_check()
+        # for the training loader (unless estimated_stepping_batches already did). A
+        # replacement joining a run in progress has nothing to check.
+        if not trainer.strategy.rejoining:
+            self._sanity_check()
         if state.prepare_train is not None:
             state.prepare_train()
         self._train_reloaded = trainer.current_epoch

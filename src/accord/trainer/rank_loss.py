@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from accord.core.regroup import Excluded, Regrouped
@@ -86,6 +86,7 @@ class Position:
         window_start: the index (in the epoch) of the first batch not yet stepped on.
         stage: how far the unit got: the after-work's stages done (see
             `accord.trainer.training_epoch.TrainingEpoch.after_batch`), else 0.
+        window: the global batch: positions of the epoch's order one step takes.
     """
 
     epoch: int
@@ -93,6 +94,7 @@ class Position:
     unit: str
     window_start: int
     stage: int = 0
+    window: int = 0
 
     def order(self) -> tuple[int, int, int, int]:
         """Later positions compare greater."""
@@ -188,10 +190,9 @@ class Survival:
             accord.core.regroup.Excluded: the others went on without this rank.
             RankFailureError: the rendezvous store is gone.
         """
-        trainer, state = self.trainer, self.state
-        strategy = trainer.strategy
+        strategy = self.trainer.strategy
         started, before = time.monotonic(), strategy.world_size
-        regrouped = strategy.regroup(asdict(position))
+        regrouped = strategy.regroup(asdict(self._stamped(position)))
         if not regrouped.lost:
             # Every rank is alive: a call only some ranks made (a bug), not a lost rank.
             named = strategy.diagnose(error, f"step {position.step}")
@@ -201,14 +202,47 @@ class Survival:
         target = positions[source]
         member = regrouped.members[strategy.global_rank]
         adopted = positions[member] != target
-        if any(p != target for p in positions.values()):
+        self._rebuild(regrouped, source, any(p != target for p in positions.values()))
+        self._announce(regrouped, before, target, time.monotonic() - started)
+        return Resume(target, adopted)
+
+    def grow(self, position: Position) -> None:
+        """At a step boundary, when the ranks agreed that a replacement waits to join:
+        take it in (and anyone it brought along), wrap the module for the larger group, and
+        give it the training state (`adopt_joined` is its side)."""
+        strategy = self.trainer.strategy
+        started, before = time.monotonic(), strategy.world_size
+        regrouped = strategy.regroup(asdict(self._stamped(position)), admit=True)
+        old = [m for m in regrouped.members if m not in regrouped.joined]
+        self._rebuild(regrouped, min(old), bool(regrouped.joined))
+        self._announce(regrouped, before, position, time.monotonic() - started)
+
+    def adopt_joined(self) -> None:
+        """As a replacement for a lost rank (`Strategy.rejoining`), before its first batch:
+        join the running group at its next step boundary, and take the training state and
+        position it sends (`grow` is the group's side)."""
+        state = self.state
+        joined = self.trainer.strategy.join_running()
+        source = min(m for m in joined.members if m not in joined.joined)
+        target = Position(**joined.progress[source])
+        self.window = target.window or None
+        self._rebuild(joined, source, True)
+        state.skip_batches = target.window_start
+
+    def _stamped(self, position: Position) -> Position:
+        """``position`` with this fit's global batch, which a replacement needs."""
+        return replace(position, window=self.window or 0)
+
+    def _rebuild(self, regrouped: Regrouped, source: int, share: bool) -> None:
+        """After a regroup: the state of member ``source`` everywhere where ``share``,
+        the module wrapped for the new group, validation sharded over it."""
+        state, strategy = self.state, self.trainer.strategy
+        if share:
             self._share_state(regrouped.rank_of(source))
         assert state.wrapped is not None
         state.wrapped = strategy.rewrap(state.wrapped)
         self._shard_validation()
         self.changes += 1
-        self._announce(regrouped, before, target, time.monotonic() - started)
-        return Resume(target, adopted)
 
     def _share_state(self, source: int) -> None:
         """Every survivor takes the training state of rank ``source`` (the furthest on)."""
@@ -232,15 +266,18 @@ class Survival:
     def _announce(
         self, regrouped: Regrouped, before: int, target: Position, seconds: float
     ) -> None:
-        lost = ", ".join(
-            f"rank {m}" + (f" ({regrouped.causes[m]})" if m in regrouped.causes else "")
+        """Say on rank 0 who was lost (and how) or taken in, and how the run goes on."""
+        what = [
+            f"rank {m} "
+            + (f"({regrouped.causes[m]}) " if m in regrouped.causes else "(stopped answering) ")
+            + "lost"
             for m in regrouped.lost
-        )
+        ] + [f"rank {m} rejoined" for m in regrouped.joined]
         batch = f"; global batch kept at {self.window}" if self.window else ""
         rank_zero_warning(
             log,
-            "%s lost at step %d; continuing with %d of %d ranks%s (regrouped in %.1f s)",
-            lost,
+            "%s at step %d; continuing with %d ranks (%d before)%s (regrouped in %.1f s)",
+            ", ".join(what),
             target.step,
             len(regrouped.members),
             before,
@@ -254,8 +291,7 @@ class Survival:
         of the epoch's order dealt over the ranks there are now (`window_loader`)."""
         state, strategy = self.state, self.trainer.strategy
         assert self.window is not None and state.epoch_order is not None
-        per_batch = state.samples_per_batch or self.window
-        consumed = state.epoch_samples_start + (start - state.epoch_batch_start) * per_batch
+        consumed = state.epoch_samples_start + (start - state.epoch_batch_start) * self.window
         dealt, weights = window_loader(
             loader,
             state.epoch_order,

@@ -96,7 +96,8 @@ def run_stage(
     trainer.logger_step = trainer.global_step
     strategy.report_progress(lambda: _progress(trainer, state, stage))
     try:
-        _prepare_data(trainer, model)
+        if not strategy.rejoining:  # a replacement joins ranks that did this long ago
+            _prepare_data(trainer, model)
         _setup_hooks(trainer, hooks, stage)
         if hooks.module_hook("configure_model") is not None:
             model.configure_model()
@@ -108,7 +109,9 @@ def run_stage(
             sources = (train_source, val_source)
         else:
             sources = (None, eval_source(trainer, model, stage, eval_loader))
-        if ckpt_path is not None:
+        if stage == "fit" and strategy.rejoining and state.survival is not None:
+            state.survival.adopt_joined()
+        elif ckpt_path is not None:
             restore(trainer, state, ckpt_path, stage)
         if stage == "fit" and trainer.enable_autolog_hparams:
             log_hyperparameters(rank_zero_loggers(trainer), model, trainer.datamodule)
@@ -194,7 +197,7 @@ def _start_recording(trainer: Trainer) -> RecordingCollective | None:
     if trainer.profiler == "timeline":
         _record_timeline(trainer)
     strategy.setup_environment()
-    rank_zero_only.rank = strategy.global_rank  # type: ignore[attr-defined]
+    rank_zero_only.rank = -1 if strategy.rejoining else strategy.global_rank  # type: ignore[attr-defined]
     recorder = find_recorder(strategy.collective)
     if recorder is not None:
         # Rank 0's directory for every rank: another rank may number log versions apart.
@@ -259,7 +262,8 @@ def _setup_fit(trainer: Trainer, state: RunState, model: Module, source: LoaderS
         StrategyOptimizer(o, model, apply_step(trainer)) for o in state.optimizers
     ]
     state.survival = None
-    if trainer.on_rank_loss == "continue" and trainer.strategy.world_size > 1:
+    strategy = trainer.strategy
+    if trainer.on_rank_loss == "continue" and (strategy.world_size > 1 or strategy.rejoining):
         survival = Survival(trainer, state)
         survival.check_fit()
         state.survival = survival

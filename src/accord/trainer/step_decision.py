@@ -1,10 +1,11 @@
 """The decision every rank takes together once per training batch, in one collective.
 
-Three questions share one ``all_reduce(sum)`` of a few integers with a 3-bit field per
+Four questions share one ``all_reduce(sum)`` of a few integers with a 4-bit field per
 rank: did a rank skip the batch (``training_step`` returned None), was a rank's loss NaN
-or infinite, and did a rank receive a preemption signal. Each rank writes its answers into
-its own field, so the sum tells every rank which ranks said what, and a plain step makes
-the same single round trip it made for the skip decision alone.
+or infinite, did a rank receive a preemption signal, and has a replacement rank asked to
+join the run (``on_rank_loss="continue"``). Each rank writes its answers into its own
+field, so the sum tells every rank which ranks said what, and a plain step makes the same
+single round trip it made for the skip decision alone.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ __all__ = [
 NONFINITE_MODES = ("raise", "skip_step", "warn")
 """What ``Trainer(on_nonfinite=...)`` accepts."""
 
-_SKIP, _NONFINITE, _SIGNAL = 1, 2, 4
-_FIELD_BITS, _FIELD_MASK, _RANKS_PER_WORD = 3, 0b111, 10
+_SKIP, _NONFINITE, _SIGNAL, _GROW = 1, 2, 4, 8
+_FIELD_BITS, _FIELD_MASK, _RANKS_PER_WORD = 4, 0b1111, 7
 
 
 def check_nonfinite_mode(mode: str) -> str:
@@ -58,11 +59,13 @@ class StepDecision:
         skip: some rank's ``training_step`` returned None, so no rank runs backward.
         nonfinite_ranks: the global ranks whose loss was NaN or infinite.
         preempt_ranks: the global ranks that received a preemption signal.
+        grow: a replacement rank waits to join; the ranks take it in after this step.
     """
 
     skip: bool
     nonfinite_ranks: tuple[int, ...]
     preempt_ranks: tuple[int, ...]
+    grow: bool = False
 
     @property
     def preempt(self) -> bool:
@@ -71,14 +74,18 @@ class StepDecision:
 
 
 def decide_step(
-    strategy: Strategy, loss: torch.Tensor | None, check_loss: bool, signalled: bool
+    strategy: Strategy,
+    loss: torch.Tensor | None,
+    check_loss: bool,
+    signalled: bool,
+    grow: bool = False,
 ) -> StepDecision:
     """Agree with the other ranks on this batch (every rank must call it, once per batch).
 
-    ``check_loss``: whether to look for a non-finite ``loss`` at all. With one rank no
-    collective runs.
+    ``check_loss``: whether to look for a non-finite ``loss`` at all; ``grow``: this rank
+    saw a replacement ask to join. With one rank no collective runs.
     """
-    bits = local_bits(strategy, loss, check_loss, signalled)
+    bits = local_bits(strategy, loss, check_loss, signalled, grow)
     world_size = strategy.world_size
     if world_size == 1:
         return PLAIN_DECISION if bits == 0 else _from_flags([int(bits)])
@@ -94,11 +101,15 @@ def carried_decision(flags: list[int]) -> StepDecision:
 
 
 def local_bits(
-    strategy: Strategy, loss: torch.Tensor | None, check_loss: bool, signalled: bool
+    strategy: Strategy,
+    loss: torch.Tensor | None,
+    check_loss: bool,
+    signalled: bool,
+    grow: bool = False,
 ) -> torch.Tensor | int:
     """This rank's answers for `decide_step` as bits: a Python int, or a tensor on the
     loss's device (which the caller reads after the collective)."""
-    local = (_SKIP if loss is None else 0) + (_SIGNAL if signalled else 0)
+    local = (_SKIP if loss is None else 0) + (_SIGNAL if signalled else 0) + (_GROW if grow else 0)
     if loss is None or not check_loss:
         return local
     if loss.device.type == "cpu" or strategy.world_size == 1:
@@ -111,9 +122,9 @@ def local_bits(
 
 
 def _slots(strategy: Strategy, bits: torch.Tensor | int) -> torch.Tensor:
-    """The words every rank sums: a 3-bit field per rank, this rank's holding ``bits``.
+    """The words every rank sums: a 4-bit field per rank, this rank's holding ``bits``.
 
-    Ten ranks share an int32 word (the fields never overlap, so the sum is exact); a small
+    Seven ranks share an int32 word (the fields never overlap, so the sum is exact); a small
     tensor travels in one round trip where gloo splits a longer one into several.
     """
     world_size, rank = strategy.world_size, strategy.global_rank
@@ -141,6 +152,7 @@ def _from_flags(flags: list[int]) -> StepDecision:
         skip=any(f & _SKIP for f in flags),
         nonfinite_ranks=tuple(r for r, f in enumerate(flags) if f & _NONFINITE),
         preempt_ranks=tuple(r for r, f in enumerate(flags) if f & _SIGNAL),
+        grow=any(f & _GROW for f in flags),
     )
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from lightning_utilities.core.rank_zero import rank_zero_warn
 
+from accord.core.membership import MemberCollective
 from accord.errors import ConfigurationError
 from accord.trainer.evaluation_loop import batch_mover, log_metrics
 from accord.trainer.optimizers import due_schedulers, monitored_value
@@ -128,6 +129,8 @@ class TrainingEpoch:
         self.after_stage = 0
         # The epoch's end was reached by a survivor this rank took its state from.
         self.ended_elsewhere = False
+        # The ranks agreed to take in a replacement at the end of the current window.
+        self.grow_pending = False
 
     def refresh(self) -> None:
         """Resolve what depends on the wrapped module and the group (again after a regroup)."""
@@ -144,6 +147,11 @@ class TrainingEpoch:
         survival = self.survival
         self.weighted = survival is not None and survival.weights is not None
         self.val_loader = self.loop.val_loader
+        # Where the run goes on without lost ranks, replacements may ask to join.
+        base = strategy.base_collective
+        self.membership = (
+            base if survival is not None and isinstance(base, MemberCollective) else None
+        )
 
     def run(self, loader: Iterable[Any], val_loader: Any) -> None:
         """Train on this epoch's batches of ``loader``, validating at the interval. Under
@@ -161,8 +169,14 @@ class TrainingEpoch:
         redo: tuple[Any, torch.Tensor | None, Any, int, int] | None = None
         while True:
             try:
-                if redo is None or not self.after_batch(*redo):
-                    self.train(batches)
+                stopped = redo is not None and self.after_batch(*redo)
+                redo = None
+                if not stopped:
+                    stopped = self.train(batches)
+                if self.grow_pending:
+                    batches = self.grow(survival)
+                    if not stopped:
+                        continue
                 break
             except Exception as err:
                 if survival is None or not survival.handles(err):
@@ -174,14 +188,15 @@ class TrainingEpoch:
         if self.ran and self.skipped == self.ran:
             loop.warn_all_skipped()
 
-    def train(self, batches: Iterator[tuple[int, Any]]) -> None:
-        """The batches from ``batches`` to the epoch's end (or a stop)."""
+    def train(self, batches: Iterator[tuple[int, Any]]) -> bool:
+        """The batches from ``batches`` to the epoch's end or a stop (True), or to the end
+        of a window after which the ranks take in a replacement (False)."""
         loop, trainer, state, strategy = self.loop, self.trainer, self.state, self.strategy
         metrics, accumulate, wrapped = state.metrics, self.accumulate, self.wrapped
         total, schedulers = self.total, state.schedulers
         for batch_idx, batch in batches:
             if batch_idx >= total:
-                break
+                return True
             loop.total_batches += 1
             trainer.logger_step = trainer.global_step
             last = batch_idx + 1 == total
@@ -193,7 +208,7 @@ class TrainingEpoch:
             strategy.on_train_batch_start(batch_idx, last, is_step)
             starts = self.batch_start or self.module_batch_start is not None
             if starts and self.call_batch_start(batch, batch_idx):
-                break
+                return True
             if not is_step:
                 with strategy.no_backward_sync(wrapped, enabled=True):
                     output = self.forward_backward(batch, batch_idx)
@@ -217,7 +232,10 @@ class TrainingEpoch:
                 self.after = (output, loss, batch, batch_idx)
                 self.after_stage = 0
             if self.after_batch(output, loss, batch, batch_idx):
-                break
+                return True
+            if is_step and self.grow_pending:
+                return False  # `run` takes the replacement in, then goes on from here
+        return True
 
     def after_batch(
         self, output: Any, loss: torch.Tensor | None, batch: Any, batch_idx: int, stage: int = 0
@@ -256,6 +274,19 @@ class TrainingEpoch:
         ) and loop.after_batch(batch_idx, self.val_every, val_loader)
         self.after = None
         return stop
+
+    def grow(self, survival: Survival | None) -> Iterator[tuple[int, Any]]:
+        """Take in the replacements the ranks agreed on (`Survival.grow`); the batches of
+        the epoch from the next window on, dealt over the larger group."""
+        trainer, state = self.trainer, self.state
+        assert survival is not None and state.train_loader is not None
+        self.grow_pending = False
+        position = Position(trainer.current_epoch, trainer.global_step, "window", self.window_start)
+        survival.grow(position)
+        self.refresh()
+        self.weighted = True
+        start = self.window_start
+        return enumerate(survival.batches(state.train_loader, start), start=start)
 
     def resume(
         self, survival: Survival, error: BaseException
@@ -364,7 +395,8 @@ class TrainingEpoch:
         decision the ranks take together: a step one rank skips is skipped by all, since a
         rank that went on to backward alone would wait for the others' gradients forever."""
         signalled = self.loop.signals.received is not None
-        decision = decide_step(self.strategy, loss, check_loss=True, signalled=signalled)
+        grow = self.membership is not None and self.membership.join_pending
+        decision = decide_step(self.strategy, loss, True, signalled, grow)
         return self.act_on(decision, loss, batch_idx)
 
     def carried_backward(
@@ -373,7 +405,8 @@ class TrainingEpoch:
         """Backward with the decision carried in the gradient reduction, then read it."""
         strategy, wrapped = self.strategy, self.wrapped
         signalled = self.loop.signals.received is not None
-        bits = local_bits(strategy, loss, check_loss=True, signalled=signalled)
+        grow = self.membership is not None and self.membership.join_pending
+        bits = local_bits(strategy, loss, True, signalled, grow)
         counted = self.weigh(loss, batch_idx) if self.weighted and loss is not None else loss
         term = strategy.step_decision_term(wrapped, bits, counted)
         if first:
@@ -398,6 +431,7 @@ class TrainingEpoch:
         or warn), a preemption to carry out at the step boundary."""
         loop, trainer = self.loop, self.trainer
         loop.preempt_ranks = loop.preempt_ranks or decision.preempt_ranks
+        self.grow_pending = self.grow_pending or decision.grow
         if decision.skip:
             return None
         if decision.nonfinite_ranks:

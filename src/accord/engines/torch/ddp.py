@@ -57,6 +57,11 @@ class DDPStrategy(ParallelStrategy):
             or ``ACCORD_DEBUG_COLLECTIVES``) always uses ``"collective"``, so a gradient
             bucket that meets another rank's user collective is a
             `CollectiveMismatchError`, not a backend crash.
+        max_restarts: with ``Trainer(on_rank_loss="continue")``, how many times accord's own
+            launcher (``start_method="popen"``) starts a lost rank's process again; the new
+            process joins the run in progress at the next step boundary and takes the
+            training state from the others (under torchrun, its ``--max-restarts`` does
+            this). 0 (the default): the run goes on without it.
         find_unused_parameters: passed to `DistributedDataParallel`. None (the default)
             means False under automatic optimization and True under manual optimization,
             where a backward often reaches only some parameters (a GAN's generator step
@@ -84,6 +89,7 @@ class DDPStrategy(ParallelStrategy):
         timeout: float | timedelta = DEFAULT_TIMEOUT,
         gradient_sync: GradientSync = "native",
         find_unused_parameters: bool | None = None,
+        max_restarts: int = 0,
         debug: bool = False,
         **ddp_kwargs: Any,
     ) -> None:
@@ -104,6 +110,12 @@ class DDPStrategy(ParallelStrategy):
                 f"gradient_sync={gradient_sync!r}: use 'native' or 'collective'."
             )
         self.gradient_sync = gradient_sync
+        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+            raise ConfigurationError(
+                f"max_restarts={max_restarts!r}: pass how many times a lost rank may be "
+                "started again, an int >= 0."
+            )
+        self.max_restarts = max_restarts
         self.ddp_kwargs = {"find_unused_parameters": find_unused_parameters, **ddp_kwargs}
         # Depth of `no_backward_sync` contexts entered for a manual backward.
         self._manual_sync_blocked = 0
@@ -114,6 +126,12 @@ class DDPStrategy(ParallelStrategy):
     def default_collective(self) -> Collective:
         backend = self.process_group_backend or default_torch_backend(self.root_device)
         return TorchCollective(backend, timeout=self.timeout)
+
+    @override
+    def configure_launcher(self) -> None:
+        super().configure_launcher()
+        if self._launcher is not None:
+            self._launcher.max_restarts = self.max_restarts
 
     @override
     def teardown(self) -> None:
@@ -336,7 +354,7 @@ _ddp_gradient_bucket_hook.__annotations__.update(
 
 def _slot_dtype(module: nn.Module, world_size: int) -> torch.dtype:
     """The dtype of ``module``'s first trainable floating-point parameter (float32 if it has
-    none): it holds a rank's bits (at most 7) over the world size closely enough to round
+    none): it holds a rank's bits (at most 15) over the world size closely enough to round
     back, except float16 beyond 4096 ranks, where the quotient leaves its normal range."""
     for param in module.parameters():
         if param.requires_grad and param.is_floating_point():
