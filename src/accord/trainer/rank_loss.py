@@ -55,8 +55,9 @@ def check_rank_loss_mode(mode: str, strategy: Strategy) -> str:
     """Return ``mode`` if it is one of `RANK_LOSS_MODES` that ``strategy`` can honour.
 
     Raises:
-        ConfigurationError: an unknown mode, or ``"continue"`` with a strategy that
-            cannot go on without a rank (a sharded one, or a single process).
+        ConfigurationError: an unknown mode, ``"continue"`` with a strategy that cannot
+            go on without a rank (a sharded one, or a single process), or ``"fail"`` with a
+            strategy told to restart lost ranks (``max_restarts``).
     """
     if mode not in RANK_LOSS_MODES:
         raise ConfigurationError(
@@ -71,6 +72,14 @@ def check_rank_loss_mode(mode: str, strategy: Strategy) -> str:
             "keeps part of the state on each rank). Restart instead: run under torchrun "
             "--max-restarts N with a ModelCheckpoint; the restarted ranks resume from the "
             "newest checkpoint by themselves (Trainer(auto_resume=True), the default)."
+        )
+    restarts: object = getattr(strategy, "max_restarts", None)
+    if mode == "fail" and isinstance(restarts, int) and restarts > 0:
+        raise ConfigurationError(
+            f"{type(strategy).__name__}(max_restarts={restarts}) starts a lost "
+            "rank again to rejoin a run that goes on without it, which on_rank_loss='fail' "
+            "(the default) never does: pass Trainer(on_rank_loss='continue'), or drop "
+            "max_restarts."
         )
     return mode
 

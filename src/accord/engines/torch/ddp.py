@@ -115,6 +115,12 @@ class DDPStrategy(ParallelStrategy):
                 f"max_restarts={max_restarts!r}: pass how many times a lost rank may be "
                 "started again, an int >= 0."
             )
+        if max_restarts and start_method != "popen":
+            raise ConfigurationError(
+                f"max_restarts={max_restarts} with start_method={start_method!r}: only "
+                "accord's own launcher (start_method='popen') starts a lost rank again. "
+                "Use start_method='popen', or run under torchrun --max-restarts N."
+            )
         self.max_restarts = max_restarts
         self.ddp_kwargs = {"find_unused_parameters": find_unused_parameters, **ddp_kwargs}
         # Depth of `no_backward_sync` contexts entered for a manual backward.
