@@ -31,6 +31,7 @@ SCRIPTS: list[tuple[str, list[str]]] = [
     ("bench_debug.py", []),
     ("bench_checkpoint.py", []),
     ("bench_calls.py", []),
+    ("bench_rank_loss.py", []),
 ]
 
 

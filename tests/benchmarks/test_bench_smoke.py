@@ -35,9 +35,10 @@ SCRIPTS = {
     "debug": ["bench_debug.py"],
     "checkpoint": ["bench_checkpoint.py"],
     "calls": ["bench_calls.py"],
+    "rank_loss": ["bench_rank_loss.py"],
 }
 # Scripts that measure accord against itself (a feature on vs off), not against raw PyTorch.
-SELF_COMPARED = {"debug", "grad_sync", "timeline"}
+SELF_COMPARED = {"debug", "grad_sync", "rank_loss", "timeline"}
 _RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT", "MASTER_ADDR", "GROUP_RANK")
 
 
