@@ -89,10 +89,13 @@ def save_engine_checkpoint(
     tags = _next_tag(directory) if strategy.is_global_zero else None
     previous, tag = cast(tuple[str | None, str], strategy.broadcast(tags))
     target = directory if previous is not None else staging_path(directory)
-    if strategy.local_rank == 0:
-        remove_leftovers(directory.parent, _TAGS)
-        shutil.rmtree(target / tag, ignore_errors=True)  # what a killed save left
-    strategy.barrier("deepspeed_save_checkpoint_prepare")
+    with strategy.agree_on_save(directory):
+        if strategy.local_rank == 0:
+            remove_leftovers(directory.parent, _TAGS)
+            shutil.rmtree(target / tag, ignore_errors=True)  # what a killed save left
+            # Made here, so a directory that cannot be made fails on every rank: inside
+            # the engine, only global rank 0 makes it and the others wait at a barrier.
+            target.mkdir(parents=True, exist_ok=True)
     client = {k: v for k, v in checkpoint.items() if k not in _ENGINE_KEYS}
     client["sharded"] = True
     engine.save_checkpoint(
@@ -100,13 +103,13 @@ def save_engine_checkpoint(
     )
     fsync_tree(target / tag)
     strategy.barrier("deepspeed_save_checkpoint_written")
-    if strategy.is_global_zero:
-        write_bytes_atomically(tag.encode(), target / "latest")
-        if target != directory:
-            move_into_place(target, directory)
-        # Rewriting files inside leaves a directory's mtime alone; ckpt_path="last" reads it.
-        os.utime(directory)
-    strategy.barrier("deepspeed_save_checkpoint_committed")
+    with strategy.agree_on_save(directory):
+        if strategy.is_global_zero:
+            write_bytes_atomically(tag.encode(), target / "latest")
+            if target != directory:
+                move_into_place(target, directory)
+            # Rewriting files inside leaves a directory's mtime alone; ckpt_path="last" reads it.
+            os.utime(directory)
     if previous is not None and previous != tag and strategy.local_rank == 0:
         shutil.rmtree(directory / previous, ignore_errors=True)
 
