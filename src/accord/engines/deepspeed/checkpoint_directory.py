@@ -7,8 +7,9 @@ finished checkpoint yet is written under a staging name and renamed into place w
 complete (`accord.checkpoint.writing.move_into_place`); later saves to it take the tags
 ``checkpoint-0`` and ``checkpoint-1`` in turn, writing the tag ``latest`` does not name,
 switching ``latest`` over atomically once every rank is done, and only then removing the
-previous tag. The ranks keep step through the strategy's ``broadcast`` and ``barrier``,
-that is, through its collective. Loading reads every file with ``weights_only=True``
+previous tag. The ranks keep step through the strategy's ``broadcast``, ``barrier`` and
+``agree_on_save``, that is, through its collective; a step that fails on any rank is a
+`CheckpointError` on every rank. Loading reads every file with ``weights_only=True``
 (`accord.engines.deepspeed.checkpoint_reading`) unless the caller trusts the checkpoint.
 `consolidate_deepspeed_checkpoint` turns a directory into one plain state dict file, offline;
 `read_deepspeed_whole`, registered with `accord.checkpoint`, reads one whole (weights,
