@@ -20,6 +20,9 @@ from models import LinearModel, loader
 
 import accord
 from accord.checkpoint import load_checkpoint_file, save_checkpoint_file
+from accord.errors import CheckpointError
+from accord.strategies import FSDPStrategy
+from accord.testing import run_distributed
 from conftest import run_python
 
 WRITER = """
@@ -186,10 +189,14 @@ def _trainer(root: Path, **kwargs: Any) -> accord.Trainer:
 
 def test_a_failed_save_keeps_the_checkpoint_it_would_replace(tmp_path: Path) -> None:
     callback = accord.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
-    with pytest.raises(Exception, match=r"pickle|lambda|Can't"):
+    with pytest.raises(CheckpointError, match=r"pickle|lambda|Can't") as raised:
         _trainer(tmp_path, max_epochs=3, callbacks=[callback]).fit(
             FailsToSaveAtEpoch(1), loader(batch_size=64)
         )
+    message = str(raised.value)
+    assert f"at {str(tmp_path / 'ckpt' / 'epoch=1-step=8.ckpt')!r}" in message
+    # The last checkpoint saved is named as still there.
+    assert f"checkpoint {str(tmp_path / 'ckpt' / 'last.ckpt')!r} is still there" in message
     # The epoch-0 checkpoint (and last.ckpt) survive, and the bookkeeping still names them.
     names = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
     assert names == ["epoch=0-step=4.ckpt", "last.ckpt"]
@@ -253,3 +260,62 @@ def test_a_directory_checkpoint_leaves_its_name_before_it_is_deleted(tmp_path: P
     callback = accord.callbacks.ModelCheckpoint(dirpath=directory)
     _trainer(tmp_path, max_epochs=1, callbacks=[callback]).fit(LinearModel(), loader(64))
     assert sorted(p.name for p in directory.iterdir()) == ["epoch=0-step=4.ckpt"]
+
+
+# ------------------------------------------------- a save that cannot be written at all
+
+
+def _blocked(root: Path) -> Path:
+    """A checkpoint directory that cannot be made: its parent is a regular file (a
+    read-only directory would not stop root)."""
+    blocker = root / "a-file"
+    blocker.write_text("not a directory")
+    return blocker / "checkpoints"
+
+
+def _fit_into(root: Path, strategy: Any, devices: int) -> dict[str, Any]:
+    """Fit one epoch saving into ``root``'s blocked directory; what this rank raised."""
+    callback = accord.callbacks.ModelCheckpoint(dirpath=root / "a-file" / "checkpoints")
+    trainer = _trainer(root, strategy=strategy, devices=devices, max_epochs=1, callbacks=[callback])
+    try:
+        trainer.fit(LinearModel(), loader(batch_size=64 // devices))
+    except CheckpointError as err:
+        cause = err.__cause__
+        return {"message": str(err), "cause": None if cause is None else type(cause)}
+    return {"message": None, "cause": None}
+
+
+def test_a_save_that_cannot_be_written_raises_checkpoint_error(tmp_path: Path) -> None:
+    directory = _blocked(tmp_path)
+    raised = _fit_into(tmp_path, "single_device", 1)
+    assert raised["message"] is not None, "the fit ended without an error"
+    path = str(directory / "epoch=0-step=4.ckpt")
+    assert raised["message"].startswith(f"Could not save the checkpoint at {path!r} (")
+    assert "Not a directory" in raised["message"]
+    assert "can be created and written" in raised["message"]
+    assert raised["cause"] is not None and issubclass(raised["cause"], OSError)
+
+
+def _fit_two_ranks(rank: int, world_size: int, root: Path, name: str) -> dict[str, Any]:
+    strategy: Any = name
+    if name == "fsdp":
+        strategy = FSDPStrategy(state_dict_type="sharded")
+    return _fit_into(root, strategy, world_size)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", ["ddp", "fsdp"])
+def test_a_failed_save_on_rank_zero_raises_on_every_rank(tmp_path: Path, name: str) -> None:
+    directory = _blocked(tmp_path)
+    ranks = run_distributed(_fit_two_ranks, 2, tmp_path, name, timeout=180)
+    path = str(directory / "epoch=0-step=4.ckpt")
+    for rank, raised in enumerate(ranks):
+        assert raised["message"] is not None, f"rank {rank} ended without an error"
+        assert raised["message"].startswith(f"Could not save the checkpoint at {path!r} (")
+        assert "on rank 0: " in raised["message"]
+        assert "on rank 1: " not in raised["message"]
+        assert "Not a directory" in raised["message"]
+    assert ranks[0]["message"] == ranks[1]["message"]
+    # Rank 0 chains what it raised; rank 1 had nothing to chain.
+    assert ranks[0]["cause"] is not None and issubclass(ranks[0]["cause"], OSError)
+    assert ranks[1]["cause"] is None

@@ -522,9 +522,9 @@ class ModelCheckpoint(Checkpoint):
                 logger.after_save_checkpoint(self)
 
     def _link(self, trainer: Trainer, target: str, path: str) -> None:
-        if trainer.is_global_zero and Path(target).absolute() != Path(path).absolute():
-            link_atomically(Path(target), Path(path))
-        trainer.strategy.barrier("model_checkpoint_link")
+        with trainer.strategy.agree_on_save(path):
+            if trainer.is_global_zero and Path(target).absolute() != Path(path).absolute():
+                link_atomically(Path(target), Path(path))
 
     def _remove(self, trainer: Trainer, path: str) -> None:
         """Delete a checkpoint this callback replaced (never one outside ``dirpath``)."""

@@ -4,11 +4,17 @@ A strategy that shards (FSDP, DeepSpeed) overrides these; the defaults suit a st
 every rank holds the whole model: rank 0 writes one file atomically and the others wait. The
 default load also reads the directories a sharding strategy writes, whole (see
 `accord.checkpoint.read_checkpoint`), so any strategy resumes from them.
+
+Every save ends each of its steps with `StrategyCheckpointing.agree_on_save` where a barrier
+would stand: a write that fails on any rank is then a `CheckpointError` on every rank, and
+no rank is left waiting for one that gave up.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +24,8 @@ from torch import nn
 from accord.checkpoint.compiled_names import module_names
 from accord.checkpoint.reading import read_checkpoint
 from accord.checkpoint.writing import save_checkpoint_file
-from accord.errors import CheckpointError
+from accord.core.collective import Collective
+from accord.errors import CheckpointError, CollectiveError
 from accord.precision import Precision
 
 __all__ = ["StrategyCheckpointing"]
@@ -41,6 +48,16 @@ class StrategyCheckpointing(ABC):
     @abstractmethod
     def barrier(self, name: str | None = None) -> None:
         """Wait until every rank arrives."""
+
+    @property
+    @abstractmethod
+    def collective(self) -> Collective:
+        """The strategy's collective (its wrappers included)."""
+
+    @property
+    @abstractmethod
+    def root_device(self) -> torch.device:
+        """The device this process computes on."""
 
     def module_state_dict(self, module: nn.Module) -> dict[str, Any]:
         """The full state dict of the user's module."""
@@ -80,10 +97,52 @@ class StrategyCheckpointing(ABC):
         optimizer.load_state_dict(_number_parameters(state))
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path) -> None:
-        """Write ``checkpoint`` atomically from rank 0; every rank waits until it exists."""
-        if self.is_global_zero:
-            save_checkpoint_file(checkpoint, path)
-        self.barrier("save_checkpoint")
+        """Write ``checkpoint`` atomically from rank 0; every rank waits until it exists.
+
+        Raises:
+            CheckpointError: on every rank, when rank 0 could not write it (see
+                `agree_on_save`); a file already at ``path`` is left as it was.
+        """
+        with self.agree_on_save(path):
+            if self.is_global_zero:
+                save_checkpoint_file(checkpoint, path)
+
+    @contextmanager
+    def agree_on_save(self, path: str | Path) -> Iterator[None]:
+        """Run one step of saving the checkpoint at ``path``, then agree across ranks
+        whether every rank's part of it succeeded (every rank must enter it).
+
+        It stands where a barrier would, at the same cost: one ``all_reduce`` of a
+        one-element tensor. When the block raised on some rank, a second collective
+        gathers what each failing rank raised, and every rank raises the same
+        `CheckpointError`; a failing rank chains its own exception to it. Example::
+
+            with strategy.agree_on_save(path):
+                if strategy.is_global_zero:
+                    save_checkpoint_file(checkpoint, path)
+
+        A `CollectiveError` from the block is raised as it is, without the agreement: the
+        collective that broke cannot carry it.
+
+        Raises:
+            CheckpointError: the block raised an ``Exception`` on any rank; the message
+                names ``path`` and each failing rank's exception.
+        """
+        failure: Exception | None = None
+        try:
+            yield
+        except CollectiveError:
+            raise
+        except Exception as err:
+            failure = err
+        collective = self.collective
+        vote = torch.tensor([int(failure is not None)], dtype=torch.int32, device=self.root_device)
+        if int(collective.all_reduce(vote, "sum", out=vote).item()) == 0:
+            return
+        causes: list[str | None] = collective.all_gather_object(
+            None if failure is None else _describe(failure)
+        )
+        raise CheckpointError(_failed_save_message(path, causes)) from failure
 
     def precision_state_dict(self) -> dict[str, Any]:
         """The precision's state for a checkpoint (a loss scaler's scale, or nothing)."""
@@ -102,6 +161,28 @@ class StrategyCheckpointing(ABC):
         """Delete a checkpoint this strategy wrote (rank 0 only)."""
         if self.is_global_zero:
             Path(path).unlink(missing_ok=True)
+
+
+def _describe(error: Exception) -> str:
+    """One line for a failed save's cause: the exception's class and text."""
+    text = str(error).strip() or "(no message)"
+    return text if isinstance(error, CheckpointError) else f"{type(error).__name__}: {text}"
+
+
+def _failed_save_message(path: str | Path, causes: list[str | None]) -> str:
+    """What every rank says when the save at ``path`` failed; ``causes`` holds each
+    rank's error (None where its part succeeded)."""
+    failed = [(rank, cause) for rank, cause in enumerate(causes) if cause is not None]
+    if len(causes) == 1:
+        why = failed[0][1]
+    else:
+        why = "; ".join(f"on rank {rank}: {cause}" for rank, cause in failed)
+    return (
+        f"Could not save the checkpoint at {str(path)!r} ({why}). Checkpoints are written "
+        "atomically, so a checkpoint already at that path is unchanged. Make sure its "
+        "directory can be created and written, and has free space (or save somewhere "
+        "else), then save again."
+    )
 
 
 def _check_keys(state: dict[str, Any], expected: dict[str, Any], limit: int = 10) -> None:

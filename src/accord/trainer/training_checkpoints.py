@@ -59,6 +59,9 @@ def save_checkpoint(
 
     Raises:
         ConfigurationError: outside a run.
+        CheckpointError: on every rank, when the strategy could not write the checkpoint;
+            the message names the earlier checkpoints of the `ModelCheckpoint` callbacks
+            that are still on disk.
     """
     state = trainer._state
     model = state.module
@@ -72,8 +75,34 @@ def save_checkpoint(
     model.on_save_checkpoint(checkpoint)
     if rank_local:
         save_checkpoint_file(checkpoint, path)
-    else:
+        return
+    try:
         trainer.strategy.save_checkpoint(checkpoint, path)
+    except CheckpointError as err:
+        kept = _kept_checkpoints(trainer, path)
+        if not kept:
+            raise
+        names = ", ".join(map(repr, kept))
+        still = (
+            f"The earlier checkpoint {names} is still there; fit(ckpt_path=...) resumes from it."
+            if len(kept) == 1
+            else f"The earlier checkpoints {names} are still there; fit(ckpt_path=...) "
+            "resumes from any of them."
+        )
+        raise CheckpointError(f"{err} {still}") from err
+
+
+def _kept_checkpoints(trainer: Trainer, path: str | Path) -> list[str]:
+    """The best and last checkpoints of the `ModelCheckpoint` callbacks that are on disk,
+    other than ``path``."""
+    target = Path(path).absolute()
+    kept: list[str] = []
+    for callback in trainer.checkpoint_callbacks:
+        for saved in (callback.best_model_path, callback.last_model_path):
+            other = saved and saved not in kept and Path(saved).absolute() != target
+            if other and Path(saved).exists():
+                kept.append(saved)
+    return kept
 
 
 def checkpoint_state(

@@ -7,8 +7,9 @@ finished checkpoint yet is written under a staging name and renamed into place w
 complete (`accord.checkpoint.writing.move_into_place`); later saves to it take the tags
 ``checkpoint-0`` and ``checkpoint-1`` in turn, writing the tag ``latest`` does not name,
 switching ``latest`` over atomically once every rank is done, and only then removing the
-previous tag. The ranks keep step through the strategy's ``broadcast`` and ``barrier``,
-that is, through its collective. Loading reads every file with ``weights_only=True``
+previous tag. The ranks keep step through the strategy's ``broadcast``, ``barrier`` and
+``agree_on_save``, that is, through its collective; a step that fails on any rank is a
+`CheckpointError` on every rank. Loading reads every file with ``weights_only=True``
 (`accord.engines.deepspeed.checkpoint_reading`) unless the caller trusts the checkpoint.
 `consolidate_deepspeed_checkpoint` turns a directory into one plain state dict file, offline;
 `read_deepspeed_whole`, registered with `accord.checkpoint`, reads one whole (weights,
@@ -89,10 +90,13 @@ def save_engine_checkpoint(
     tags = _next_tag(directory) if strategy.is_global_zero else None
     previous, tag = cast(tuple[str | None, str], strategy.broadcast(tags))
     target = directory if previous is not None else staging_path(directory)
-    if strategy.local_rank == 0:
-        remove_leftovers(directory.parent, _TAGS)
-        shutil.rmtree(target / tag, ignore_errors=True)  # what a killed save left
-    strategy.barrier("deepspeed_save_checkpoint_prepare")
+    with strategy.agree_on_save(directory):
+        if strategy.local_rank == 0:
+            remove_leftovers(directory.parent, _TAGS)
+            shutil.rmtree(target / tag, ignore_errors=True)  # what a killed save left
+            # Made here, so a directory that cannot be made fails on every rank: inside
+            # the engine, only global rank 0 makes it and the others wait at a barrier.
+            target.mkdir(parents=True, exist_ok=True)
     client = {k: v for k, v in checkpoint.items() if k not in _ENGINE_KEYS}
     client["sharded"] = True
     engine.save_checkpoint(
@@ -100,13 +104,13 @@ def save_engine_checkpoint(
     )
     fsync_tree(target / tag)
     strategy.barrier("deepspeed_save_checkpoint_written")
-    if strategy.is_global_zero:
-        write_bytes_atomically(tag.encode(), target / "latest")
-        if target != directory:
-            move_into_place(target, directory)
-        # Rewriting files inside leaves a directory's mtime alone; ckpt_path="last" reads it.
-        os.utime(directory)
-    strategy.barrier("deepspeed_save_checkpoint_committed")
+    with strategy.agree_on_save(directory):
+        if strategy.is_global_zero:
+            write_bytes_atomically(tag.encode(), target / "latest")
+            if target != directory:
+                move_into_place(target, directory)
+            # Rewriting files inside leaves a directory's mtime alone; ckpt_path="last" reads it.
+            os.utime(directory)
     if previous is not None and previous != tag and strategy.local_rank == 0:
         shutil.rmtree(directory / previous, ignore_errors=True)
 

@@ -105,6 +105,12 @@ class DeepSpeedCheckpoints(ParallelStrategy):
         client state, and a crash mid-save leaves the previous checkpoint loadable (see
         `save_engine_checkpoint`). Outside training the checkpoint is one file, as in
         `Strategy`.
+
+        Raises:
+            CheckpointError: on every rank, when the directory could not be prepared or
+                committed on some rank (`Strategy.agree_on_save`). A rank that fails inside
+                ``engine.save_checkpoint`` raises there: DeepSpeed's own collectives in it
+                are out of accord's reach.
         """
         if self._engine is None or not self._trains:
             super().save_checkpoint(checkpoint, path)

@@ -94,7 +94,13 @@ def _holds(state: Any, kind: type) -> bool:
 def save_sharded(
     strategy: Strategy, checkpoint: dict[str, Any], path: Path, process_group: ProcessGroup
 ) -> None:
-    """Write ``checkpoint`` as a sharded directory at ``path`` (every rank must call it)."""
+    """Write ``checkpoint`` as a sharded directory at ``path`` (every rank must call it).
+
+    Raises:
+        CheckpointError: on every rank, when a rank could not write its part (DCP's save
+            reports a shard's failure on every rank; rank 0's own steps are agreed on with
+            `Strategy.agree_on_save`).
+    """
     from torch.distributed.checkpoint.state_dict_saver import save
 
     from accord.engines.torch.safe_dcp import checkpoint_errors
@@ -110,15 +116,16 @@ def save_sharded(
         "optimizer_count": len(optimizer_states),
         "world_size": strategy.world_size,
     }
-    if strategy.is_global_zero:
-        remove_checkpoint_path(staging)  # left over from a run that crashed mid-save
-    strategy.barrier("fsdp_save_checkpoint_start")
+    with strategy.agree_on_save(path):
+        if strategy.is_global_zero:
+            remove_checkpoint_path(staging)  # left over from a run that crashed mid-save
+            staging.mkdir(parents=True, exist_ok=True)
     with checkpoint_errors("write", staging):
         save(tensors, checkpoint_id=staging, process_group=process_group)
-    if strategy.is_global_zero:
-        save_checkpoint_file(meta, staging / META_FILE)
-        move_into_place(staging, path)
-    strategy.barrier("fsdp_save_checkpoint")
+    with strategy.agree_on_save(path):
+        if strategy.is_global_zero:
+            save_checkpoint_file(meta, staging / META_FILE)
+            move_into_place(staging, path)
 
 
 def load_sharded(

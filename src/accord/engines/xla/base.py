@@ -159,9 +159,9 @@ class XLAStrategyBase(Strategy):
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any) -> None:
         launch()
-        if self.is_global_zero:
-            save_checkpoint_file(move_to_device(checkpoint, torch.device("cpu")), path)
-        self.barrier("save_checkpoint")
+        with self.agree_on_save(path):
+            if self.is_global_zero:
+                save_checkpoint_file(move_to_device(checkpoint, torch.device("cpu")), path)
 
     @override
     def load_module_state_dict(
