@@ -203,17 +203,23 @@ def test_chaos_random_losses_change_no_number(
     tmp_path: Path, reference: dict[str, torch.Tensor]
 ) -> None:
     """Runs that each kill a random rank (not 0, which serves the store under accord's
-    launcher) at a random step and point; ``ACCORD_CHAOS_RUNS`` sets how many (3)."""
+    launcher) at a random step and point; ``ACCORD_CHAOS_RUNS`` sets how many (3), and
+    ``ACCORD_CHAOS_SEED`` the choices (a failure names the seed that replays it)."""
     runs = int(os.environ.get("ACCORD_CHAOS_RUNS", "3"))
-    chooser = random.Random(int(os.environ.get("ACCORD_CHAOS_SEED", str(time.time_ns()))))
+    seed = int(os.environ.get("ACCORD_CHAOS_SEED", str(time.time_ns())))
+    chooser = random.Random(seed)
+    print(f"ACCORD_CHAOS_SEED={seed} replays these runs")  # shown with a failure
     for run in range(runs):
         where = chooser.choice(["forward", "backward", "validation", "save"])
         every = {"validation": 10, "save": 8}.get(where, 1)  # when the point comes
         step = every * chooser.randint(1, (STEPS - 10) // every)
         kill = f"{chooser.randint(1, 3)}:{step}:{where}"
         out = tmp_path / f"run{run}"
+        print(f"run {run}: {kill}")
         output = _fit(out, kill)
-        assert len(_announced(output)) == 1, f"{kill}\n{output}"
+        assert len(_announced(output)) == 1, (
+            f"ACCORD_CHAOS_SEED={seed}, run {run}: {kill}\n{output}"
+        )
         _check(out, output, reference, world=3)
 
 
