@@ -126,8 +126,12 @@ def test_a_killed_rank_changes_no_number(
 
 @pytest.mark.timeout(400)
 def test_two_losses_in_one_run(tmp_path: Path, reference: dict[str, torch.Tensor]) -> None:
-    output = _fit(tmp_path, "1:17:backward", "3:120:forward")
+    output = _fit(tmp_path, "1:17:backward", "3:120:forward", env={"FIT_PROFILER": "timeline"})
     assert len(_announced(output)) == 2, output
+    # The collective timeline shows each change of members.
+    timeline = (tmp_path / "collective-timeline-fit.json").read_text()
+    assert "regroup rank 1 (SIGKILL) lost: members 0, 2, 3" in timeline
+    assert "regroup rank 3 (SIGKILL) lost: members 0, 2" in timeline
     _check(tmp_path, output, reference, world=2)
 
 

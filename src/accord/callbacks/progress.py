@@ -110,14 +110,19 @@ class ProgressBar(Callback):
             self.disable()
 
     def get_metrics(self, trainer: Trainer, module: Module) -> dict[str, int | str | float]:
-        """What the bar shows after the counts: ``v_num`` (the loggers' version), then the
-        ``prog_bar=True`` metrics. Override to change it."""
+        """What the bar shows after the counts: ``v_num`` (the loggers' version), ``ranks``
+        (the ranks taking part of those started, once a rank was lost under
+        ``on_rank_loss="continue"``), then the ``prog_bar=True`` metrics. Override to
+        change it."""
         items: dict[str, int | str | float] = {}
         versions = list(dict.fromkeys(str(logger.version) for logger in trainer.loggers))
         if versions and versions != [""] and versions != ["None"]:
             version = "_".join(versions)
             # A long string version shows its last 4 characters.
             items["v_num"] = int(version) if version.isdigit() else version[-4:]
+        started = trainer.num_nodes * trainer.num_devices
+        if trainer.world_size != started:
+            items["ranks"] = f"{trainer.world_size}/{started}"
         metrics = trainer.progress_bar_metrics
         if "v_num" in metrics and items:
             rank_zero_warn(

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from accord.core.regroup import Excluded, Regrouped
+from accord.core.wrappers.recorder import find_recorder
 from accord.errors import ConfigurationError, RankFailureError, is_communication_error
 from accord.log import rank_zero_warning
 from accord.trainer.data import reshard, window_loader
@@ -200,7 +201,7 @@ class Survival:
             RankFailureError: the rendezvous store is gone.
         """
         strategy = self.trainer.strategy
-        started, before = time.monotonic(), strategy.world_size
+        started, before = time.perf_counter(), strategy.world_size
         regrouped = strategy.regroup(asdict(self._stamped(position)))
         if not regrouped.lost:
             # Every rank is alive: a call only some ranks made (a bug), not a lost rank.
@@ -212,7 +213,7 @@ class Survival:
         member = regrouped.members[strategy.global_rank]
         adopted = positions[member] != target
         self._rebuild(regrouped, source, any(p != target for p in positions.values()))
-        self._announce(regrouped, before, target, time.monotonic() - started)
+        self._announce(regrouped, before, target, started)
         return Resume(target, adopted)
 
     def grow(self, position: Position) -> None:
@@ -220,11 +221,11 @@ class Survival:
         take it in (and anyone it brought along), wrap the module for the larger group, and
         give it the training state (`adopt_joined` is its side)."""
         strategy = self.trainer.strategy
-        started, before = time.monotonic(), strategy.world_size
+        started, before = time.perf_counter(), strategy.world_size
         regrouped = strategy.regroup(asdict(self._stamped(position)), admit=True)
         old = [m for m in regrouped.members if m not in regrouped.joined]
         self._rebuild(regrouped, min(old), bool(regrouped.joined))
-        self._announce(regrouped, before, position, time.monotonic() - started)
+        self._announce(regrouped, before, position, started)
 
     def adopt_joined(self) -> None:
         """As a replacement for a lost rank (`Strategy.rejoining`), before its first batch:
@@ -273,9 +274,11 @@ class Survival:
         )
 
     def _announce(
-        self, regrouped: Regrouped, before: int, target: Position, seconds: float
+        self, regrouped: Regrouped, before: int, target: Position, started: float
     ) -> None:
-        """Say on rank 0 who was lost (and how) or taken in, and how the run goes on."""
+        """Say on rank 0 who was lost (and how) or taken in, and how the run goes on, and
+        put the change in the collective's records (the regroup began at ``started``, a
+        `time.perf_counter` value)."""
         what = [
             f"rank {m} "
             + (f"({regrouped.causes[m]}) " if m in regrouped.causes else "(stopped answering) ")
@@ -283,6 +286,10 @@ class Survival:
             for m in regrouped.lost
         ] + [f"rank {m} rejoined" for m in regrouped.joined]
         batch = f"; global batch kept at {self.window}" if self.window else ""
+        recorder = find_recorder(self.trainer.strategy.collective)
+        if recorder is not None:  # the timeline and a hang's dump show the change
+            members = ", ".join(map(str, regrouped.members))
+            recorder.record_membership(f"{', '.join(what)}: members {members}", started)
         rank_zero_warning(
             log,
             "%s at step %d; continuing with %d ranks (%d before)%s (regrouped in %.1f s)",
@@ -291,7 +298,7 @@ class Survival:
             len(regrouped.members),
             before,
             batch,
-            seconds,
+            time.perf_counter() - started,
         )
 
     # -------------------------------------------------------------------- data

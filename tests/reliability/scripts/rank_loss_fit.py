@@ -13,7 +13,7 @@ Environment: ``FIT_STRATEGY`` (``ddp``, the default, ``ddp_spawn`` or ``ddp_fork
 ``FIT_SIGNAL`` (``KILL``, the default, ``STOP`` to freeze the rank, or ``TERM`` for a
 preemption), ``FIT_STEPS`` (200), ``FIT_RESTARTS`` (``DDPStrategy(max_restarts=...)``),
 ``FIT_SLOW`` (seconds each training step sleeps, so that a replacement has time to start),
-``FIT_CKPT`` (a checkpoint to resume from). Under torchrun the strategy is ``ddp``.
+``FIT_CKPT`` (a checkpoint to resume from), ``FIT_PROFILER`` (``Trainer(profiler=...)``). Under torchrun the strategy is ``ddp``.
 
 The model is an MLP trained with Adam and a step LR scheduler on 800 shuffled samples in
 batches of 8 per rank, validated every 10 steps and saved every 8. Every rank appends
@@ -134,6 +134,7 @@ def main() -> None:
             ModelCheckpoint(dirpath=OUT / "ckpt", every_n_train_steps=8, save_top_k=-1),
         ],
         on_rank_loss="continue" if KILLS else "fail",
+        profiler=os.environ.get("FIT_PROFILER"),
         default_root_dir=OUT,
     )
     model = Model()

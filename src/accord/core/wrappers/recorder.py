@@ -175,6 +175,19 @@ class RecordingCollective(CollectiveWrapper):
         record.start = time.perf_counter()
         return record
 
+    def record_membership(self, label: str, started: float) -> None:
+        """Add a change of the group's members (``label`` says which), from ``started``
+        (a `time.perf_counter` value) to now. The calls after it are numbered from 1 again:
+        the ranks of the new group count from the same point."""
+        record = self._begin(OpCall("regroup", label=label))
+        record.seq, record.start, record.end, record.state = (
+            None,
+            started,
+            time.perf_counter(),
+            "ok",
+        )
+        self._calls = 0
+
     def record_failure(self, call: OpCall, error: BaseException, site: CallSite | None) -> None:
         """Add the call an outer check refused (it never reached this layer) as failed."""
         record = self._begin(call, site)
