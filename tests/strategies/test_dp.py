@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from models import LinearModel, flat_weights, loader
 from torch import nn
 
 import accord
@@ -14,6 +13,7 @@ from accord.collectives import SingleDeviceCollective
 from accord.engines.single import dp
 from accord.errors import ConfigurationError
 from accord.strategies import DPStrategy
+from tests.helpers.models import LinearModel, flat_weights, loader
 
 
 def _fit(strategy: str, tmp_path: Path) -> tuple[LinearModel, accord.Trainer]:

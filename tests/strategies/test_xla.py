@@ -22,7 +22,6 @@ if importlib.util.find_spec("torch_xla") is not None:
 pytest.importorskip("torch_xla", reason="needs torch_xla: `make test-xla` runs this file")
 
 import torch
-from models import CountingCollective, LinearModel, flat_weights, loader
 
 import accord
 from accord.callbacks import ModelCheckpoint
@@ -34,6 +33,7 @@ from accord.engines.xla.strategy import SingleDeviceXLAStrategy, XLAStrategy
 from accord.errors import ConfigurationError, RankFailureError
 from accord.strategies import StrategyRegistry
 from accord.testing import assert_strategies_agree, run_checks_in_this_process
+from tests.helpers.models import CountingCollective, LinearModel, flat_weights, loader
 
 del CountingCollective  # the torch.distributed one; XLA ranks count with their own below
 
