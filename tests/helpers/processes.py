@@ -1,4 +1,4 @@
-"""Start a script in a fresh interpreter, as a user would, for tests that need one."""
+"""Processes the tests start: scripts in a fresh interpreter, and the test ranks' preload."""
 
 from __future__ import annotations
 
@@ -9,10 +9,13 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["ROOT", "run_python"]
+__all__ = ["RANK_PRELOAD", "ROOT", "run_python"]
 
 ROOT = Path(__file__).resolve().parents[2]
 """The repository root; scripts run from here."""
+
+RANK_PRELOAD = ("pytest", "tests.helpers.models")
+"""What the suite's fork server imports for the test ranks, besides torch and accord."""
 
 
 def run_python(

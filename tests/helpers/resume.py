@@ -22,12 +22,15 @@ from accord.strategies import FSDPStrategy
 __all__ = [
     "EPOCHS",
     "GLOBAL_BATCH",
+    "MidEpochSaves",
     "SAMPLES",
     "SAVE_STEP",
     "Recorder",
     "SaveAt",
+    "UNINTERRUPTED",
     "indexed_data",
     "fit",
+    "save_mid_epoch",
     "saved_path",
     "strategy_named",
 ]
@@ -35,6 +38,12 @@ __all__ = [
 SAMPLES, GLOBAL_BATCH, EPOCHS, SAVE_STEP = 96, 24, 3, 6
 """Samples in the dataset, the global batch, the epochs of a whole fit, and the step a
 checkpoint is saved at (half-way through epoch 1)."""
+
+MidEpochSaves = tuple[Path, dict[str, list[tuple[int, int]]]]
+"""Where `save_mid_epoch`'s checkpoints are, and the (epoch, sample) pairs of each run."""
+
+UNINTERRUPTED = "uninterrupted.ckpt"
+"""Where `save_mid_epoch` puts the checkpoint of the whole ddp fit, in its root."""
 
 
 class Recorder(accord.Module):
@@ -128,3 +137,15 @@ def fit(
 def saved_path(root: Path, name: str) -> Path:
     """Where the checkpoint saved mid-epoch under strategy ``name`` goes in ``root``."""
     return root / f"saved-{name}.ckpt"
+
+
+def save_mid_epoch(
+    rank: int, world_size: int, root: Path, names: tuple[str, ...]
+) -> dict[str, list[tuple[int, int]]]:
+    """On 2 ranks: the whole ddp fit (saved as `UNINTERRUPTED`), then a fit under each
+    strategy of ``names`` saved at `SAVE_STEP` (to `saved_path`). Returns the (epoch,
+    sample) pairs this rank trained on in each, by strategy (``"uninterrupted"``)."""
+    seen = {"uninterrupted": fit("ddp", world_size, root / UNINTERRUPTED)}
+    for name in names:
+        seen[name] = fit(name, world_size, saved_path(root, name), save_step=SAVE_STEP)
+    return seen

@@ -368,7 +368,7 @@ CASES: list[Case] = [
         "checkpoint-unsafe-objects",
         lambda t: load_checkpoint_file(_opaque(t)),
         CheckpointError,
-        r"refuses to unpickle: test_bad_inputs\._Opaque\. .*weights_only=False",
+        r"refuses to unpickle: tests\.reliability\.test_bad_inputs\._Opaque\. .*weights_only=False",
     ),
     (
         "checkpoint-is-a-text-file",

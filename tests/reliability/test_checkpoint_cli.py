@@ -20,31 +20,16 @@ import torch
 
 from accord.checkpoint_io import checkpoint_format, load_checkpoint_file, read_checkpoint
 from accord.testing import run_distributed
-from tests.helpers.resume import SAMPLES, SAVE_STEP, fit, saved_path
+from tests.helpers.resume import SAMPLES, SAVE_STEP, MidEpochSaves, fit, saved_path
 
 SAVED = ("single_device", "ddp", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3")
 SHARDED = {"fsdp", "deepspeed_stage_2", "deepspeed_stage_3"}
 
 
-def _save_two_rank(rank: int, world_size: int, root: Path, names: tuple[str, ...]) -> None:
-    for name in names:
-        fit(name, 2, saved_path(root, name), save_step=SAVE_STEP)
-
-
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def saved(mid_epoch_saves: MidEpochSaves) -> Path:
     """A mid-epoch checkpoint of each strategy."""
-    root = tmp_path_factory.mktemp("cli")
-    names: tuple[str, ...] = ("ddp", "fsdp")
-    try:
-        import deepspeed  # noqa: F401
-
-        names += ("deepspeed_stage_2", "deepspeed_stage_3")
-    except ImportError:
-        pass
-    run_distributed(_save_two_rank, 2, root, names, timeout=400)
-    fit("single_device", 1, saved_path(root, "single_device"), save_step=SAVE_STEP)
-    return root
+    return mid_epoch_saves[0]
 
 
 def _command(*args: str | Path) -> subprocess.CompletedProcess[str]:

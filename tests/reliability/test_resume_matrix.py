@@ -31,7 +31,16 @@ from accord.checkpoint_io import load_checkpoint_file, read_checkpoint, save_che
 from accord.errors import CheckpointError
 from accord.testing import run_distributed
 from accord.trainer.data import epoch_order, global_order, resume_loader, samples_per_batch
-from tests.helpers.resume import GLOBAL_BATCH, SAMPLES, SAVE_STEP, fit, indexed_data, saved_path
+from tests.helpers.resume import (
+    GLOBAL_BATCH,
+    SAMPLES,
+    SAVE_STEP,
+    UNINTERRUPTED,
+    MidEpochSaves,
+    fit,
+    indexed_data,
+    saved_path,
+)
 
 RTOL, ATOL = 1e-5, 1e-5
 
@@ -54,43 +63,35 @@ def _final(root: Path, saved: str, resumed: str, devices: int) -> Path:
 
 
 # ------------------------------------------------------------------------ the matrix
-def _save_all(rank: int, world_size: int, root: Path) -> dict[str, Any]:
-    seen = {"uninterrupted": fit("ddp", 2, root / "uninterrupted.ckpt")}
-    for name in SAVED[1:]:
-        seen[name] = fit(name, 2, saved_path(root, name), save_step=SAVE_STEP)
-    return seen
-
-
-def _resume_all(rank: int, world_size: int, root: Path, name: str) -> dict[str, Any]:
+def _resume_all(rank: int, world_size: int, saves: Path, root: Path, name: str) -> dict[str, Any]:
     return {
         saved: fit(
             name,
             world_size,
             _final(root, saved, name, world_size),
-            ckpt_path=saved_path(root, saved),
+            ckpt_path=saved_path(saves, saved),
         )
         for saved in SAVED
     }
 
 
 @pytest.fixture(scope="module")
-def matrix(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    """Every saved checkpoint resumed under every strategy; the samples each run saw."""
+def matrix(
+    mid_epoch_saves: MidEpochSaves, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Path, dict[str, Any]]:
+    """Every saved checkpoint resumed under every strategy: where the saves are, where the
+    resumed runs' checkpoints are, and the samples each run saw."""
     pytest.importorskip("deepspeed", reason="needs deepspeed: pip install 'accord[deepspeed]'")
+    saves, saved_seen = mid_epoch_saves
     root = tmp_path_factory.mktemp("resume_matrix")
-    seen: dict[str, Any] = {}
-    ranks = run_distributed(_save_all, 2, root, timeout=400)
-    seen["saved"] = {key: _joined(r[key] for r in ranks) for key in ranks[0]}
-    seen["saved"]["single_device"] = fit(
-        "single_device", 1, saved_path(root, "single_device"), save_step=SAVE_STEP
-    )
+    seen: dict[str, Any] = {"saved": saved_seen}
     for name, devices in RESUMED:
         if devices == 1:
-            ranks = [_resume_all(0, 1, root, name)]
+            ranks = [_resume_all(0, 1, saves, root, name)]
         else:
-            ranks = run_distributed(_resume_all, devices, root, name, timeout=400)
+            ranks = run_distributed(_resume_all, devices, saves, root, name, timeout=400)
         seen[f"{name}x{devices}"] = {key: _joined(r[key] for r in ranks) for key in ranks[0]}
-    return root, seen
+    return saves, root, seen
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:
@@ -100,10 +101,10 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("saved", SAVED)
 @pytest.mark.parametrize(("resumed", "devices"), RESUMED)
 def test_a_mid_epoch_checkpoint_resumes_under_every_strategy(
-    matrix: tuple[Path, dict[str, Any]], saved: str, resumed: str, devices: int
+    matrix: tuple[Path, Path, dict[str, Any]], saved: str, resumed: str, devices: int
 ) -> None:
-    root, seen = matrix
-    expected = _weights(root / "uninterrupted.ckpt")
+    saves, root, seen = matrix
+    expected = _weights(saves / UNINTERRUPTED)
     actual = _weights(_final(root, saved, resumed, devices))
     assert actual.keys() == expected.keys()
     for key, value in expected.items():
@@ -113,10 +114,10 @@ def test_a_mid_epoch_checkpoint_resumes_under_every_strategy(
     assert Counter(before + after) == Counter(seen["saved"]["uninterrupted"])
 
 
-def test_every_checkpoint_says_what_it_is(matrix: tuple[Path, dict[str, Any]]) -> None:
-    root, _ = matrix
+def test_every_checkpoint_says_what_it_is(matrix: tuple[Path, Path, dict[str, Any]]) -> None:
+    saves, _, _ = matrix
     for name in SAVED:
-        checkpoint = read_checkpoint(saved_path(root, name))
+        checkpoint = read_checkpoint(saved_path(saves, name))
         assert checkpoint["world_size"] == (1 if name == "single_device" else 2)
         assert checkpoint["sharded"] == (name in ("fsdp", "deepspeed_stage_2", "deepspeed_stage_3"))
         assert checkpoint["strategy"].endswith("Strategy")
