@@ -102,13 +102,8 @@ $(XLA_VENV)/.installed: pyproject.toml Makefile | $(XLA_BIN)/python
 	$(XLA_BIN)/pip install -q --disable-pip-version-check --no-deps -e .
 	touch $@
 
-# XLA's CPU runtime now and then ends the ranks' process abruptly ("terminated abruptly
-# while the future was running"), in about one lane run in two on this machine, a different
-# test each time; failed tests get up to two reruns.
-XLA_PYTEST := PJRT_DEVICE=CPU $(XLA_BIN)/python -m pytest tests/strategies/test_xla.py $(PYTEST_ARGS)
-
 test-xla: $(XLA_VENV)/.installed
-	$(XLA_PYTEST) || $(XLA_PYTEST) --last-failed || $(XLA_PYTEST) --last-failed
+	PJRT_DEVICE=CPU $(XLA_BIN)/python -m pytest tests/strategies/test_xla.py $(PYTEST_ARGS)
 
 clean-xla:
 	rm -rf $(XLA_VENV)
