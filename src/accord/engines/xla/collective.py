@@ -78,11 +78,13 @@ _NARROW = frozenset({torch.bfloat16, torch.float16})
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 """An integer dtype of each element size: data movement adds zeros to these, bit-exactly."""
 
-# XLA's runtime is per process, and so are these two: the lock that makes ranks sharing a
-# process launch programs one at a time (see the module docstring), and which collective
-# joined first on each rank, so setup() can report whether it created the rank's
-# membership, as torch.distributed reports a default group.
+# XLA's runtime is per process, and so are these: the lock that makes ranks sharing a
+# process launch programs one at a time (see the module docstring), the one around the
+# dtype views of `_bits`, and which collective joined first on each rank, so setup() can
+# report whether it created the rank's membership, as torch.distributed reports a default
+# group.
 _LAUNCH_LOCK = threading.Lock()
+_VIEW_LOCK = threading.Lock()
 _MEMBERS_LOCK = threading.Lock()
 _MEMBERS: dict[int, int] = {}
 
@@ -399,9 +401,12 @@ class XLACollective(MemberCollective):
 def _bits(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` viewed as integers of its element size (bytes where there is none)."""
     dtype = _BITS.get(tensor.element_size())
-    if dtype is not None:
-        return tensor if tensor.dtype == dtype else tensor.view(dtype)
-    return tensor.reshape(-1).view(torch.uint8)
+    # One rank at a time: the ranks' process crashed (SIGSEGV, both ranks in this view of
+    # an XLA tensor) as two ranks broadcast their parameters at the start of a fit.
+    with _VIEW_LOCK:
+        if dtype is not None:
+            return tensor if tensor.dtype == dtype else tensor.view(dtype)
+        return tensor.reshape(-1).view(torch.uint8)
 
 
 def parameters_with_gradients(
