@@ -9,7 +9,7 @@ saving and loading its checkpoint:
   ``ModelCheckpoint``) makes: the full training state through the strategy, written
   atomically (staging name, fsync, rename).
 * **accord load**: what ``trainer.fit(ckpt_path=path)`` does before its first step
-  (`accord.trainer.checkpointing.restore`): read the checkpoint with ``weights_only`` and
+  (`accord.trainer.training_checkpoints.restore`): read the checkpoint with ``weights_only`` and
   load model, optimizer, schedulers, callbacks and the loop position.
 * **direct**: the call a user of plain PyTorch or DeepSpeed would make for the same state.
   ``ddp``: rank 0 ``torch.save({"model", "optimizer"})`` + barrier; load
@@ -167,7 +167,7 @@ class Contestants:
 
     def accord_load(self, path: Path) -> None:
         """What ``fit(ckpt_path=path)`` runs to restore the training state."""
-        from accord.trainer.checkpointing import restore
+        from accord.trainer.training_checkpoints import restore
 
         restore(self.trainer, self.trainer._state, path, "fit")
 
@@ -365,7 +365,7 @@ def _what(strategy: str, kind: str) -> str:
         "fsdp": "get_state_dict + dcp.load + set_state_dict",
         "deepspeed_stage_2": "engine.load_checkpoint(dir)",
     }[strategy]
-    return f"accord = what fit(ckpt_path=path) restores (checkpointing.restore); direct = {direct}"
+    return f"accord = what fit(ckpt_path=path) restores (training_checkpoints.restore); direct = {direct}"
 
 
 if __name__ == "__main__":

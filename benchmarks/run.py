@@ -30,6 +30,7 @@ SCRIPTS: list[tuple[str, list[str]]] = [
     ("bench_timeline.py", []),
     ("bench_debug.py", []),
     ("bench_checkpoint.py", []),
+    ("bench_calls.py", []),
 ]
 
 

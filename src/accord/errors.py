@@ -6,6 +6,7 @@ Every message says what happened and what to do about it.
 from __future__ import annotations
 
 import difflib
+import functools
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -18,6 +19,7 @@ __all__ = [
     "CollectiveNotSetupError",
     "CollectiveTimeoutError",
     "ConfigurationError",
+    "EXCLUDED_EXIT_CODE",
     "MisconfigurationError",
     "MissingDependencyError",
     "NonFiniteValueError",
@@ -40,16 +42,32 @@ MisconfigurationError = ConfigurationError
 
 
 class MissingDependencyError(AccordError, ImportError):
-    """An optional package a feature needs is not installed."""
+    """An optional package a feature needs is not installed (or not in a supported version,
+    or does not import); `accord.imports.require` raises it.
 
-    def __init__(self, feature: str, package: str, extra: str) -> None:
+    Args:
+        feature: what needs the package.
+        package: the package's import name.
+        extra: accord's pip extra that installs it.
+        reason: what is wrong with it, after "which" (default: it is not installed).
+    """
+
+    def __init__(
+        self, feature: str, package: str, extra: str, *, reason: str = "is not installed"
+    ) -> None:
         super().__init__(
-            f"{feature} needs the `{package}` package, which is not installed. "
+            f"{feature} needs the `{package}` package, which {reason}. "
             f"Install it with `pip install 'accord[{extra}]'`."
         )
         self.feature = feature
         self.package = package
         self.extra = extra
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A rank's error travels to the launching process pickled.
+        rebuild = functools.partial(type(self), reason=self.reason)
+        return (rebuild, (self.feature, self.package, self.extra))
 
 
 class CollectiveError(AccordError, RuntimeError):
@@ -98,7 +116,18 @@ class CheckpointError(AccordError, RuntimeError):
 
 
 class RankFailureError(AccordError, RuntimeError):
-    """One or more ranks of a multi-process run failed."""
+    """One or more ranks of a multi-process run failed.
+
+    ``ranks`` are the ranks that failed, died or froze (empty when unknown).
+    """
+
+    def __init__(self, message: str, *, ranks: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self.ranks = list(ranks)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A rank's error travels to the launching process pickled.
+        return (functools.partial(type(self), ranks=self.ranks), (str(self),))
 
 
 class NonFiniteValueError(AccordError, FloatingPointError):
@@ -120,6 +149,11 @@ PREEMPTED_EXIT_CODE = 75
 """The exit status of a job stopped by a preemption signal after its checkpoint was saved
 (``EX_TEMPFAIL``: try again later). torchelastic restarts a group that exits with it while
 restarts are left; a scheduler may requeue it."""
+
+EXCLUDED_EXIT_CODE = 76
+"""The exit status of a rank the others left out of the group under
+``Trainer(on_rank_loss="continue")`` (it did not answer in time); the run goes on without
+it, so its launcher does not count it as a failure."""
 
 
 class Preempted(SystemExit):
@@ -156,6 +190,9 @@ _PEER_GONE = (
     "socket closed",
     "nccl communicator was aborted",
     "remote process exited",
+    # A backend's wait that ran out of time: the peer froze, or is in another call.
+    "timed out waiting",
+    "collective operation timeout",
 )
 
 
@@ -163,9 +200,9 @@ def is_communication_error(error: BaseException | str) -> bool:
     """Whether ``error`` (an exception or its text) comes from losing contact with a peer.
 
     Such an error is a consequence: some other rank died or stopped first. True for
-    torch.distributed's ``DistError`` family, accord's `CollectiveTimeoutError`, and the
-    backends' "Connection closed/reset by peer"-like messages, also when they are the
-    cause or context of ``error``.
+    torch.distributed's ``DistError`` family, accord's `CollectiveTimeoutError`, the
+    backends' "Connection closed/reset by peer"-like messages and their timeouts ("Timed
+    out waiting ... for recv"), also when they are the cause or context of ``error``.
     """
     if isinstance(error, str):
         text = error.lower()

@@ -2,47 +2,60 @@
 
 A ``LightningModule`` ports by changing its base class: ``training_step``,
 ``validation_step``, ``test_step``, ``predict_step``, ``configure_optimizers`` (in its usual
-return forms), the ``on_*`` hooks, ``self.log`` and ``self.log_dict`` keep their meaning.
+return forms), every hook (`accord.module_hooks`), the optimization hooks
+(`accord.module_optimization`), ``self.log``, ``self.log_dict`` and ``self.all_gather``
+keep their meaning.
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
 from typing_extensions import Self
 
 from accord import hparams as _hp
-from accord import manual_optimization as _manual
 from accord.errors import ConfigurationError
-from accord.hparams import AttributeDict
-from accord.manual_optimization import ManualOptimizer
+from accord.hparams import AttributeDict, HyperparametersMixin
+from accord.module_hooks import CheckpointHooks, DataHooks, ModelHooks
+from accord.module_optimization import OptimizationHooks, StrategyOptimizer
 
 if TYPE_CHECKING:
+    from accord.loggers.logger import Logger
     from accord.trainer.trainer import Trainer
 
-__all__ = ["AttributeDict", "ManualOptimizer", "Module", "OptimizerConfig"]
+__all__ = ["AttributeDict", "Module", "OptimizerConfig", "StrategyOptimizer"]
 
 OptimizerConfig = Any
 """What ``configure_optimizers`` may return: an optimizer, a list of them, a
 ``(optimizers, schedulers)`` pair, or a dict ``{"optimizer": ..., "lr_scheduler": ...}``."""
 
 
-class Module(nn.Module):
-    """Base class for models trained by the `Trainer`."""
+class Module(
+    ModelHooks, DataHooks, CheckpointHooks, OptimizationHooks, HyperparametersMixin, nn.Module
+):
+    """Base class for models trained by the `Trainer`.
 
-    def __init__(self) -> None:
-        super().__init__()
+    Attributes:
+        CHECKPOINT_HYPER_PARAMS_KEY: where checkpoints keep the hyperparameters.
+    """
+
+    CHECKPOINT_HYPER_PARAMS_KEY = "hyper_parameters"
+    CHECKPOINT_HYPER_PARAMS_NAME = "hparams_name"
+    CHECKPOINT_HYPER_PARAMS_TYPE = "hparams_type"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._owner: Trainer | None = None
-        self._hparams = AttributeDict()
         self._automatic_optimization = True
+        self._strict_loading: bool | None = None
+        self._example_input_array: Any = None
         self._toggled: dict[nn.Parameter, bool] = {}
 
-    # ------------------------------------------------------ manual optimization
     @property
     def automatic_optimization(self) -> bool:
         """False: ``training_step`` does its own backward and optimizer steps (with
@@ -54,86 +67,39 @@ class Module(nn.Module):
         self._automatic_optimization = bool(value)
 
     @property
-    def wrapped_module(self) -> nn.Module:
-        """The module as the strategy wrapped it for the current run.
+    def strict_loading(self) -> bool:
+        """Whether a checkpoint's weights must match the module's keys exactly when the
+        Trainer or `load_from_checkpoint` loads them (default True)."""
+        return True if self._strict_loading is None else self._strict_loading
 
-        Raises:
-            ConfigurationError: outside a run.
-        """
-        return _manual.wrapped_module_of(self)
+    @strict_loading.setter
+    def strict_loading(self, value: bool) -> None:
+        self._strict_loading = bool(value)
 
-    def optimizers(self) -> ManualOptimizer | list[ManualOptimizer]:
-        """The fit's optimizers (one, or a list), wrapped for manual optimization."""
-        return _manual.optimizers_of(self)
+    @property
+    def example_input_array(self) -> Any:
+        """An example input (``self(example_input_array)`` must run); loggers draw the
+        graph with it (`Logger.log_graph`)."""
+        return self._example_input_array
 
-    def lr_schedulers(self) -> Any:
-        """The fit's LR schedulers: one, a list, or None. Step them yourself under
-        manual optimization."""
-        return _manual.schedulers_of(self)
+    @example_input_array.setter
+    def example_input_array(self, example: Any) -> None:
+        self._example_input_array = example
 
-    def manual_backward(self, loss: torch.Tensor) -> None:
-        """Backpropagate ``loss`` through the strategy (its precision's scaling included),
-        with the ``on_before_backward`` and ``on_after_backward`` hooks."""
-        self.on_before_backward(loss)
-        self.trainer.strategy.backward(loss, self.wrapped_module)
-        self.on_after_backward()
-
-    def clip_gradients(
-        self, optimizer: ManualOptimizer | torch.optim.Optimizer, gradient_clip_val: float
-    ) -> None:
-        """Clip the gradients of ``optimizer``'s parameters to total norm
-        ``gradient_clip_val``, before its step (the other optimizers' are left alone)."""
-        _manual.clip_gradients_of(self, optimizer, gradient_clip_val)
-
-    def toggle_optimizer(self, optimizer: ManualOptimizer | torch.optim.Optimizer) -> None:
-        """Let only ``optimizer``'s parameters require gradients (the other optimizers'
-        are frozen) until `untoggle_optimizer`; for alternating updates such as a GAN's."""
-        _manual.freeze_others(self, optimizer)
-
-    def untoggle_optimizer(self, optimizer: ManualOptimizer | torch.optim.Optimizer) -> None:
-        """Undo `toggle_optimizer`: every parameter requires gradients as before."""
-        _manual.restore_requires_grad(self)
+    def configure_callbacks(self) -> Any:
+        """Callbacks this module needs: one, a list, or None. The Trainer adds them when a
+        run starts, replacing a Trainer callback of the same type."""
+        return []
 
     # ---------------------------------------------------------- hyperparameters
-    @property
-    def hparams(self) -> AttributeDict:
-        """The hyperparameters `save_hyperparameters` recorded (empty until it is called)."""
-        return self._hparams
-
-    def save_hyperparameters(self, *args: Any, ignore: str | Sequence[str] | None = None) -> None:
-        """Record the ``__init__`` arguments as ``self.hparams``, as Lightning does.
-
-        Call it in ``__init__``. Without ``args`` every argument of the ``__init__`` that
-        calls it is recorded; with names (``save_hyperparameters("lr", "width")``) only
-        those; with one dict, that dict. The Trainer stores them in every checkpoint (under
-        ``"hyper_parameters"``) and gives them to its loggers at the start of ``fit``;
-        `load_from_checkpoint` passes them back to ``__init__``. Only plain values (numbers,
-        strings, lists, dicts, tensors) go into checkpoints, which load with
-        ``weights_only=True``; others (a class, a module) stay out, with a warning, and are
-        passed again to `load_from_checkpoint`.
-
-        Args:
-            args: argument names to record, or one dict to record as it is.
-            ignore: argument names to leave out (a module or a dataset passed in, say).
-
-        Raises:
-            ConfigurationError: a name that is not an argument of the calling ``__init__``,
-                or a call from outside a function.
-        """
-        _hp.record_hparams(self, _hp.hparams_to_record(self, inspect.currentframe(), args, ignore))
-
-    def hparams_for_checkpoint(self) -> dict[str, Any]:
-        """The hyperparameters a checkpoint stores: those that load with
-        ``weights_only=True`` (plain values), so reading the checkpoint runs no code."""
-        return {k: v for k, v in self._hparams.items() if _hp.loads_safely(v)}
-
     @classmethod
     def load_from_checkpoint(
         cls,
         checkpoint_path: str | Path,
-        *,
         map_location: str | torch.device | None = None,
-        strict: bool = True,
+        hparams_file: str | Path | None = None,
+        strict: bool | None = None,
+        *,
         weights_only: bool = True,
         **overrides: Any,
     ) -> Self:
@@ -149,13 +115,22 @@ class Module(nn.Module):
             checkpoint_path: a checkpoint file or directory the Trainer wrote.
             map_location: the device to put the weights on (default: where ``cls`` builds
                 them, the CPU).
-            strict: the checkpoint's keys must match the module's exactly.
+            hparams_file: refused: accord keeps the hyperparameters in the checkpoint.
+            strict: the checkpoint's keys must match the module's exactly (None: the
+                module's `strict_loading`).
             weights_only: as in `torch.load`; False runs the pickled objects' code.
             overrides: ``__init__`` arguments to use instead of (or besides) the saved ones.
 
         Raises:
             CheckpointError: nothing readable at the path, or weights that do not fit.
+            ConfigurationError: an ``hparams_file``.
         """
+        if hparams_file is not None:
+            raise ConfigurationError(
+                f"load_from_checkpoint(hparams_file={str(hparams_file)!r}): accord keeps the "
+                "hyperparameters in the checkpoint itself; pass any you want to change as "
+                "keyword arguments instead."
+            )
         return _hp.load_module(cls, checkpoint_path, map_location, strict, weights_only, overrides)
 
     # ------------------------------------------------------------------ context
@@ -204,6 +179,36 @@ class Module(nn.Module):
         """This process's rank on its node."""
         return self._owner.local_rank if self._owner is not None else 0
 
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the module's parameters are on a CUDA device."""
+        return self.device.type == "cuda"
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the first floating-point parameter (float32 without one)."""
+        for param in self.parameters():
+            if param.is_floating_point():
+                return param.dtype
+        return torch.float32
+
+    @property
+    def device_mesh(self) -> Any:
+        """The device mesh of a model-parallel strategy; accord's strategies shard over
+        their collective's process group instead, so this is always None."""
+        return None
+
+    @property
+    def logger(self) -> Logger | None:
+        """The Trainer's first logger (its ``experiment`` is the backend's own writer, a
+        TensorBoard ``SummaryWriter`` for example), or None."""
+        return self._owner.logger if self._owner is not None else None
+
+    @property
+    def loggers(self) -> list[Logger]:
+        """The Trainer's loggers."""
+        return self._owner.loggers if self._owner is not None else []
+
     def __getstate__(self) -> dict[str, Any]:
         # The Trainer is not part of the model: a pickled module (ddp_spawn) travels alone.
         state = dict(self.__dict__)
@@ -215,14 +220,18 @@ class Module(nn.Module):
         self,
         name: str,
         value: torch.Tensor | float,
-        *,
         prog_bar: bool = False,
-        logger: bool = True,
+        logger: bool | None = None,
         on_step: bool | None = None,
         on_epoch: bool | None = None,
         reduce_fx: str = "mean",
+        enable_graph: bool = False,
         sync_dist: bool = False,
+        sync_dist_group: Any = None,
+        add_dataloader_idx: bool = True,
         batch_size: int | None = None,
+        metric_attribute: str | None = None,
+        rank_zero_only: bool = False,
     ) -> None:
         """Record a metric for the progress bar, the loggers and the callbacks.
 
@@ -230,32 +239,82 @@ class Module(nn.Module):
             name: the metric's key (``"val_loss"``).
             value: a number or a one-element tensor.
             prog_bar: show it in the progress bar.
-            logger: send it to the loggers.
+            logger: send it to the loggers (default True).
             on_step: log the value of each step (default: True in ``training_step``).
             on_epoch: log the epoch aggregate (default: True outside ``training_step``);
                 with both, the keys get ``_step`` and ``_epoch`` suffixes.
             reduce_fx: how steps combine into the epoch value and ranks into one value:
                 ``"mean"`` (weighted by ``batch_size``), ``"sum"``, ``"max"`` or ``"min"``.
+            enable_graph: refused when True: accord keeps logged values as numbers.
             sync_dist: reduce across ranks. All metrics of a step are synced together in
                 one collective call.
-            batch_size: the weight of this value in an epoch mean (default: 1).
+            sync_dist_group: refused unless None: accord syncs over all ranks.
+            add_dataloader_idx: accepted; accord runs one loader per stage, so no suffix
+                is ever added.
+            batch_size: the weight of this value in an epoch mean (default: the size of
+                the batch's first tensor, as Lightning infers it).
+            metric_attribute: refused unless None (accord logs numbers, not metric objects).
+            rank_zero_only: the value is rank zero's alone: it is never synced.
+
+        Raises:
+            ConfigurationError: outside a run, under ``barebones=True``, or an option
+                accord refuses.
         """
-        if self._owner is None:
+        owner = self._owner
+        if owner is None:
             raise ConfigurationError(
                 f"self.log({name!r}) was called outside a Trainer run; log from the step "
                 "and epoch hooks."
             )
-        self._owner.metric_store.log(
+        if enable_graph or sync_dist_group is not None or metric_attribute is not None:
+            raise ConfigurationError(
+                f"self.log({name!r}, ...): enable_graph=True, sync_dist_group and "
+                "metric_attribute are not supported; accord logs numbers and syncs them over "
+                "all ranks (sync_dist=True)."
+            )
+        if getattr(owner, "barebones", False):
+            raise ConfigurationError(
+                f"self.log({name!r}) under Trainer(barebones=True): barebones mode turns "
+                "logging off. Drop barebones=True to log."
+            )
+        owner.metric_store.log(
             name,
             value,
             prog_bar=prog_bar,
-            logger=logger,
+            logger=True if logger is None else logger,
             on_step=on_step,
             on_epoch=on_epoch,
             reduce_fx=reduce_fx,
-            sync_dist=sync_dist,
+            sync_dist=sync_dist and not rank_zero_only,
             batch_size=batch_size,
         )
+
+    def all_gather(self, data: Any, group: Any = None, sync_grads: bool = False) -> Any:
+        """Every rank's ``data`` stacked along a new first dimension, in rank order.
+
+        ``data`` is a tensor, a number, or a nested collection of them (each gathered);
+        every rank's tensors must have the same shape. The gather runs on the strategy's
+        collective, so it means the same on every strategy: the result has a leading
+        dimension of ``world_size``, also on one device. With ``sync_grads`` the result
+        carries gradients back to each rank's own input.
+
+        Raises:
+            ConfigurationError: a ``group`` (accord gathers over all ranks).
+        """
+        if group is not None:
+            raise ConfigurationError(
+                "self.all_gather(group=...) is not supported: accord gathers over all ranks "
+                "through the strategy's collective."
+            )
+        strategy, device = self.trainer.strategy, self.device
+
+        def gather(value: torch.Tensor | float) -> torch.Tensor:
+            tensor = (
+                value if isinstance(value, torch.Tensor) else torch.tensor(value, device=device)
+            )
+            return strategy.all_gather(tensor.unsqueeze(0), even=True, sync_grads=sync_grads)
+
+        return apply_to_collection(data, (torch.Tensor, int, float), gather)
 
     def log_dict(self, metrics: Mapping[str, torch.Tensor | float], **kwargs: Any) -> None:
         """`log` every item of ``metrics`` with the same options."""
@@ -290,60 +349,46 @@ class Module(nn.Module):
             f"{type(self).__name__} must implement configure_optimizers() to be fit."
         )
 
-    # ------------------------------------------------------------------ hooks
-    def setup(self, stage: str) -> None:
-        """Called on every rank at the start of ``fit``/``validate``/``test``/``predict``."""
+    # ----------------------------------------------------------------- export
+    @torch.no_grad()
+    def to_torchscript(
+        self,
+        file_path: str | Path | None = None,
+        method: str = "script",
+        example_inputs: Any = None,
+    ) -> Any:
+        """The module as TorchScript (``method="script"`` or ``"trace"`` with
+        ``example_inputs``, default `example_input_array`); saved to ``file_path`` if given.
 
-    def teardown(self, stage: str) -> None:
-        """Called on every rank at the end of a run."""
+        Raises:
+            ConfigurationError: another ``method``, or ``"trace"`` without an input.
+        """
+        mode = self.training
+        if method == "script":
+            scripted = torch.jit.script(self.eval())
+        elif method == "trace":
+            example = example_inputs if example_inputs is not None else self.example_input_array
+            if example is None:
+                raise ConfigurationError(
+                    "to_torchscript(method='trace') needs example_inputs= or "
+                    "self.example_input_array."
+                )
+            scripted = torch.jit.trace(self.eval(), example_inputs=example)  # type: ignore[no-untyped-call]
+        else:
+            raise ConfigurationError(f"to_torchscript(method={method!r}): use 'script' or 'trace'.")
+        self.train(mode)
+        if file_path is not None:
+            torch.jit.save(scripted, str(file_path))
+        return scripted
 
-    def on_fit_start(self) -> None:
-        """Called when fit begins, after the model was placed and wrapped."""
+    def to_onnx(self, *args: Any, **kwargs: Any) -> None:
+        """Refused: export with ``torch.onnx.export(model, example, path)`` (it needs the
+        ``onnx`` package, which accord does not install).
 
-    def on_fit_end(self) -> None:
-        """Called when fit ends."""
-
-    def on_train_start(self) -> None:
-        """Called before the first training epoch."""
-
-    def on_train_end(self) -> None:
-        """Called after the last training epoch."""
-
-    def on_train_epoch_start(self) -> None:
-        """Called at the start of each training epoch."""
-
-    def on_train_epoch_end(self) -> None:
-        """Called at the end of each training epoch (after its validation, if any)."""
-
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        """Called before each training batch."""
-
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        """Called after each training batch."""
-
-    def on_validation_epoch_start(self) -> None:
-        """Called before a validation pass."""
-
-    def on_validation_epoch_end(self) -> None:
-        """Called after a validation pass."""
-
-    def on_test_epoch_start(self) -> None:
-        """Called before a test pass."""
-
-    def on_test_epoch_end(self) -> None:
-        """Called after a test pass."""
-
-    def on_before_backward(self, loss: torch.Tensor) -> None:
-        """Called before ``loss`` is backpropagated."""
-
-    def on_after_backward(self) -> None:
-        """Called after backward, before the optimizer step."""
-
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Called before each optimizer step (gradients are final and unscaled)."""
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Add to or change ``checkpoint`` before it is written."""
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Read what `on_save_checkpoint` added, when resuming."""
+        Raises:
+            ConfigurationError: always.
+        """
+        raise ConfigurationError(
+            "Module.to_onnx() is not part of accord: call torch.onnx.export(model, "
+            "example_input, path) with the onnx package installed."
+        )

@@ -10,6 +10,7 @@ dtype.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
@@ -62,6 +63,7 @@ class Precision:
         self.mode = PrecisionMode.parse(mode)
         self.device_type = torch.device(device).type
         self.scaler: torch.amp.GradScaler | None = None
+        self._unscaled: set[int] = set()
         if self.mode is PrecisionMode.FP16_MIXED:
             self.scaler = torch.amp.GradScaler(self.device_type)
 
@@ -105,22 +107,43 @@ class Precision:
             return _NO_AUTOCAST
         return torch.autocast(self.device_type, dtype=dtype)
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()``, scaled in fp16 mode."""
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()  # type: ignore[no-untyped-call]
+    def backward(
+        self, loss: torch.Tensor, backward_fn: Callable[[torch.Tensor], None] | None = None
+    ) -> None:
+        """``loss.backward()``, scaled in fp16 mode; ``backward_fn`` (a module's own
+        ``backward``) runs it instead when given."""
+        scaled = self.scaler.scale(loss) if self.scaler is not None else loss
+        if backward_fn is None:
+            scaled.backward()  # type: ignore[no-untyped-call]
+        else:
+            backward_fn(scaled)
 
     def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
-        """Undo the loss scale on ``optimizer``'s gradients (before clipping)."""
-        if self.scaler is not None:
+        """Undo the loss scale on ``optimizer``'s gradients (before the hooks see them and
+        clipping); a second call before the step does nothing."""
+        if self.scaler is not None and id(optimizer) not in self._unscaled:
             self.scaler.unscale_(optimizer)
+            self._unscaled.add(id(optimizer))
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Step ``optimizer``; in fp16 mode a step with inf/nan gradients is skipped."""
+    def optimizer_step(
+        self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None
+    ) -> None:
+        """Step ``optimizer``; in fp16 mode a step with inf/nan gradients is skipped.
+
+        ``closure`` goes to an optimizer that needs one (LBFGS); with a loss scaler it runs
+        once first, as the scaler cannot step with a closure.
+        """
         if self.scaler is None:
-            optimizer.step()
+            if closure is None:
+                optimizer.step()
+            else:
+                optimizer.step(closure)
             return
+        if closure is not None:
+            closure()
         self.scaler.step(optimizer)
         self.scaler.update()
+        self._unscaled.discard(id(optimizer))
 
     def state_dict(self) -> dict[str, Any]:
         """The loss scaler's state (empty when there is none)."""

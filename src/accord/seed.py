@@ -7,6 +7,8 @@ import random
 
 import torch
 
+from accord.imports import NUMPY_AVAILABLE
+
 __all__ = ["seed_everything"]
 
 
@@ -20,10 +22,8 @@ def seed_everything(seed: int) -> int:
     os.environ["ACCORD_SEED"] = str(seed)
     random.seed(seed)
     torch.manual_seed(seed)
-    try:
+    if NUMPY_AVAILABLE:
         import numpy
-    except ImportError:
-        pass
-    else:
+
         numpy.random.seed(seed)
     return seed

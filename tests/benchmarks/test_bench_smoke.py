@@ -34,6 +34,7 @@ SCRIPTS = {
     "timeline": ["bench_timeline.py"],
     "debug": ["bench_debug.py"],
     "checkpoint": ["bench_checkpoint.py"],
+    "calls": ["bench_calls.py"],
 }
 # Scripts that measure accord against itself (a feature on vs off), not against raw PyTorch.
 SELF_COMPARED = {"debug", "grad_sync", "timeline"}
@@ -109,3 +110,13 @@ def test_accord_syncs_ten_logged_metrics_in_one_collective(smoke_runs: dict[str,
     accord = next(row for row in counts["rows"] if row["contestant"] == "accord")
     # One all_gather carries the ten metrics; the step decision rides in DDP's gradients.
     assert accord["median"] == 1, counts
+
+
+def test_the_loop_adds_at_most_25_calls_per_step(smoke_runs: dict[str, Any]) -> None:
+    """Counted with sys.setprofile over 100 steps, not timed: hooks nobody defined cost
+    nothing, and the loop's own bookkeeping stays small (one device and ddp x2)."""
+    _, output, payload = smoke_runs["calls"]
+    assert payload is not None, output
+    for key in ("calls_1", "calls_2"):
+        section = next(s for s in payload["sections"] if s["key"] == key)
+        assert 0 <= section["added_calls"] <= 25, section

@@ -77,31 +77,66 @@ class OwnPrimitive(TorchCollective):
         super()._all_reduce_(buffer, op)
 
 
+class Counting:
+    """A mixin a user writes: counts, then passes the call on; it knows no async_op."""
+
+    def all_reduce(
+        self, tensor: torch.Tensor, op: ReduceOpLike = "sum", *, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        self.seen = getattr(self, "seen", 0) + 1
+        return super().all_reduce(tensor, op, out=out)  # type: ignore[misc, no-any-return]
+
+
+class CountingTorch(Counting, TorchCollective):  # type: ignore[misc]
+    """The mixin's all_reduce, inherited rather than defined here."""
+
+
+class OwnPrimitiveMixin:
+    """A mixin with the synchronous primitive only."""
+
+    def _all_reduce_(self, buffer: torch.Tensor, op: ReduceOp) -> None:
+        self.primitive_calls = getattr(self, "primitive_calls", 0) + 1
+        super()._all_reduce_(buffer, op)  # type: ignore[misc]
+
+
+class OwnPrimitiveTorch(OwnPrimitiveMixin, TorchCollective):
+    """The mixin's primitive before TorchCollective's own asynchronous one."""
+
+
 def test_old_style_collectives_pass_the_async_check() -> None:
-    for factory in (SyncOnlyOverride, OwnPrimitive):
+    for factory in (SyncOnlyOverride, OwnPrimitive, CountingTorch, OwnPrimitiveTorch):
         report = run_conformance(factory, world_sizes=(1, 2), checks=["all_reduce.async"])
         assert report.passed, (factory, report.violations)
 
 
-def _old_style(rank: int, world_size: int) -> dict[str, Any]:
-    sync_only = SyncOnlyOverride().setup()
+def _old_style(
+    rank: int, world_size: int, sync_only_kind: type[Collective], own_kind: type[Collective]
+) -> dict[str, Any]:
+    sync_only = sync_only_kind().setup()
     handle = InstrumentedCollective(sync_only).all_reduce(
         torch.tensor([1.0 + rank]), "mean", async_op=True
     )
-    own = OwnPrimitive().setup()
+    own = own_kind().setup()
     second = own.all_reduce(torch.tensor([2.0 * rank]), "sum", async_op=True)
     result = {
         "adapted": (type(handle).__name__, handle.is_completed(), handle.wait().tolist()),
-        "seen": sync_only.seen,
-        "primitive": (second.wait().tolist(), own.primitive_calls),
+        "seen": getattr(sync_only, "seen", 0),
+        "primitive": (second.wait().tolist(), getattr(own, "primitive_calls", 0)),
     }
     own.teardown()
     sync_only.teardown()
     return result
 
 
-def test_old_style_overrides_run_under_async_op() -> None:
-    for result in run_distributed(_old_style, 2, timeout=120):
+@pytest.mark.parametrize(
+    ("sync_only_kind", "own_kind"),
+    [(SyncOnlyOverride, OwnPrimitive), (CountingTorch, OwnPrimitiveTorch)],
+    ids=["defined_on_the_class", "inherited_from_a_mixin"],
+)
+def test_old_style_overrides_run_under_async_op(
+    sync_only_kind: type[Collective], own_kind: type[Collective]
+) -> None:
+    for result in run_distributed(_old_style, 2, sync_only_kind, own_kind, timeout=120):
         assert result["adapted"] == ("CollectiveHandle", True, [1.5])
         assert result["seen"] == 1
         assert result["primitive"] == ([2.0], 1)

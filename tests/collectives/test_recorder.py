@@ -15,12 +15,11 @@ import accord
 from accord.callbacks import Callback
 from accord.collectives import SingleDeviceCollective
 from accord.core.wrappers.policy import maybe_record, wrap_collective
-from accord.core.wrappers.recorder import (
+from accord.core.wrappers.recorder import RecordingCollective, find_recorder
+from accord.core.wrappers.trace_files import (
     CAPACITY_ENV_VAR,
     TRACE_DIR_ENV_VAR,
-    RecordingCollective,
     dump_path,
-    find_recorder,
     merge_timeline,
 )
 from accord.errors import CollectiveError, ConfigurationError

@@ -12,12 +12,8 @@ import pytest
 import torch
 
 from accord.collectives import TorchCollective
-from accord.core.process_group import (
-    TIMEOUT_ENV_VAR,
-    ProcessGroupCollective,
-    backend_timeouts,
-    timeout_from_env,
-)
+from accord.core.process_group import ProcessGroupCollective
+from accord.core.timeouts import TIMEOUT_ENV_VAR, BackendTimeouts, timeout_from_env
 from accord.core.wrappers.policy import wrap_collective
 from accord.core.wrappers.wrapper import unwrap
 from accord.errors import CollectiveError, CollectiveTimeoutError, ConfigurationError
@@ -110,7 +106,7 @@ def test_a_timeout_that_is_not_a_number_says_what_to_set(monkeypatch: pytest.Mon
 def test_other_backend_errors_pass_through_unchanged() -> None:
     with (
         pytest.raises(RuntimeError, match="Connection closed by peer") as info,
-        backend_timeouts("barrier", 0, timedelta(seconds=5)),
+        BackendTimeouts("barrier", 0, timedelta(seconds=5)),
     ):
         raise RuntimeError("Connection closed by peer [127.0.0.1]:1234")
     assert not isinstance(info.value, CollectiveTimeoutError)

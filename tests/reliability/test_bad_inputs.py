@@ -15,7 +15,7 @@ import torch
 
 import accord
 from accord.callbacks import EarlyStopping, ModelCheckpoint
-from accord.checkpoint_io import load_checkpoint_file, save_checkpoint_file
+from accord.checkpoint import load_checkpoint_file, save_checkpoint_file
 from accord.collectives import ReduceOp, SingleDeviceCollective, TorchCollective
 from accord.errors import (
     CheckpointError,

@@ -18,13 +18,13 @@ import pytest
 import torch
 
 import accord
-from accord.checkpoint_io import load_checkpoint_file, save_checkpoint_file
+from accord.checkpoint import load_checkpoint_file, save_checkpoint_file
 from tests.helpers.models import LinearModel, loader
 from tests.helpers.processes import ROOT, run_python
 
 WRITER = """
 import sys, torch
-from accord.checkpoint_io import save_checkpoint_file
+from accord.checkpoint import save_checkpoint_file
 path = sys.argv[1]
 save_checkpoint_file({"version": 0, "weights": torch.zeros(4)}, path)
 print("ready", flush=True)
@@ -203,7 +203,7 @@ def test_a_failed_save_keeps_the_checkpoint_it_would_replace(tmp_path: Path) -> 
 def test_the_next_save_removes_what_killed_saves_left(tmp_path: Path) -> None:
     directory = tmp_path / "ckpt"
     directory.mkdir()
-    # Staged by checkpoint_io (a file) and by a sharded save (a directory) that were killed.
+    # Staged by save_checkpoint_file (a file) and by a sharded save (a directory) that were killed.
     (directory / ".epoch=0-step=4.ckpt.k2j_9x.tmp").write_bytes(b"half a checkpoint")
     (directory / ".last.ckpt.tmp").mkdir()
     (directory / ".last.ckpt.tmp" / "__0_0.distcp").write_bytes(b"a shard")
@@ -238,7 +238,7 @@ def test_last_never_picks_an_unfinished_checkpoint(tmp_path: Path) -> None:
 
 
 def test_a_directory_checkpoint_leaves_its_name_before_it_is_deleted(tmp_path: Path) -> None:
-    from accord.checkpoint_io import remove_checkpoint_path
+    from accord.checkpoint import remove_checkpoint_path
 
     directory = tmp_path / "ckpt"
     doomed = directory / "epoch=0-step=4.ckpt"

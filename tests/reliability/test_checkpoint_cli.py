@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from accord.checkpoint_io import checkpoint_format, load_checkpoint_file, read_checkpoint
+from accord.checkpoint import checkpoint_format, load_checkpoint_file, read_checkpoint
 from accord.testing import run_distributed
 from tests.helpers.resume import SAMPLES, SAVE_STEP, MidEpochSaves, fit, saved_path
 

@@ -20,7 +20,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 import accord
-from accord.checkpoint_io import (
+from accord.checkpoint import (
     CHECKPOINT_FORMAT_VERSION,
     checkpoint_format,
     load_checkpoint_file,

@@ -4,6 +4,7 @@ resumes by itself, and ends with the uninterrupted run's weights."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -83,19 +84,22 @@ def _trainer(root: Path, restarts: int, **kwargs: Any) -> accord.Trainer:
 
 
 def test_a_restart_picks_the_newest_finished_checkpoint(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="accord")
     assert restart_checkpoint(_trainer(tmp_path, restarts=0)) is None
     assert restart_checkpoint(_trainer(tmp_path, restarts=1)) is None
-    assert "restart 1: no finished checkpoint yet" in capsys.readouterr().err
+    assert "restart 1: no finished checkpoint yet" in caplog.text
+    caplog.clear()
 
-    checkpoints = tmp_path / "checkpoints"
-    checkpoints.mkdir()
+    # The default ModelCheckpoint's directory: the logger's version directory.
+    checkpoints = tmp_path / "logs" / "version_0" / "checkpoints"
+    checkpoints.mkdir(parents=True)
     (checkpoints / "epoch=0-step=8.ckpt").write_bytes(b"older")
     newest = checkpoints / "preempted.ckpt"
     newest.write_bytes(b"newer")
     os.utime(checkpoints / "epoch=0-step=8.ckpt", (1, 1))
     (checkpoints / ".epoch=1-step=16.ckpt.tmp").write_bytes(b"unfinished")
     assert restart_checkpoint(_trainer(tmp_path, restarts=2)) == newest
-    assert f"restart 2: resuming from {str(newest)!r}" in capsys.readouterr().err
+    assert f"restart 2: resuming from {str(newest)!r}" in caplog.text
     assert restart_checkpoint(_trainer(tmp_path, restarts=2, auto_resume=False)) is None

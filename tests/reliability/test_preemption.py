@@ -20,7 +20,7 @@ import torch
 
 import accord
 from accord.callbacks import Callback
-from accord.checkpoint_io import read_checkpoint
+from accord.checkpoint import read_checkpoint
 from accord.errors import PREEMPTED_EXIT_CODE, ConfigurationError, Preempted
 from accord.launchers.launcher import FORWARDED_SIGNALS, SignalForwarder
 from accord.trainer.preemption import PREEMPTION_CHECKPOINT_NAME, SignalFlag, parse_signals

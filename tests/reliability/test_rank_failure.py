@@ -235,6 +235,9 @@ def test_which_errors_are_communication_errors() -> None:
     assert is_communication_error(CollectiveTimeoutError("rank 0 waited 2 s"))
     assert is_communication_error(dist.DistNetworkError("failed to recv"))
     assert is_communication_error("RuntimeError: pair.cc:534] Connection closed by peer [::1]")
+    assert is_communication_error(
+        RuntimeError("[unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation")
+    )
     assert not is_communication_error(ValueError("rank 1 cannot read its shard"))
     assert not is_communication_error(KeyboardInterrupt())
     try:

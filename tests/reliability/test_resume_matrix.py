@@ -27,7 +27,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from accord.checkpoint_io import load_checkpoint_file, read_checkpoint, save_checkpoint_file
+from accord.checkpoint import load_checkpoint_file, read_checkpoint, save_checkpoint_file
 from accord.errors import CheckpointError
 from accord.testing import run_distributed
 from accord.trainer.data import epoch_order, global_order, resume_loader, samples_per_batch

@@ -84,8 +84,10 @@ def test_restart_count_and_a_bad_value(
 
 
 def test_requeue_without_a_job_says_so(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     assert SLURMEnvironment().requeue() is False
-    assert "SLURM_JOB_ID is not set" in capsys.readouterr().err
+    (record,) = [r for r in caplog.records if r.name == "accord.environments.slurm"]
+    assert record.levelname == "WARNING"
+    assert "SLURM_JOB_ID is not set" in record.getMessage()

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import accord
+from accord.collectives import ReduceOpLike, TorchCollective
 from accord.environments.local import find_free_port
 from accord.strategies import DDPStrategy
 from accord.testing import run_distributed
@@ -176,6 +177,73 @@ def test_custom_collective_drives_the_fit(how: str) -> None:
     if how == "gradients":
         # Every gradient bucket went through the collective (one bucket per step here).
         assert results[0]["calls"]["all_reduce"] >= steps
+    torch.testing.assert_close(
+        results[0]["weights"], _single_device_weights(), rtol=1e-5, atol=1e-6
+    )
+
+
+class Recording:
+    """A user's mixin: counts the all_reduces it sees, then passes them on. It was written
+    without ``async_op``, which DDP's gradient hook passes."""
+
+    def all_reduce(
+        self, tensor: torch.Tensor, op: ReduceOpLike = "sum", *, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if out is tensor and op == "mean":  # how DDP's hook hands over a gradient bucket
+            self.buckets = getattr(self, "buckets", 0) + 1
+        return super().all_reduce(tensor, op, out=out)  # type: ignore[misc, no-any-return]
+
+
+class RecordingTorch(Recording, TorchCollective):  # type: ignore[misc]
+    """The mixin composed with the collective, as a user would."""
+
+
+class RecordingDDP(DDPStrategy):
+    def default_collective(self) -> RecordingTorch:
+        return RecordingTorch("gloo")
+
+
+class AsksForEngineTraffic(RecordingTorch):
+    """A collective that wants every byte an engine sends, as a debug check does."""
+
+    @property
+    def wants_engine_traffic(self) -> bool:
+        return True
+
+
+def _fit_with_mixin(rank: int, world_size: int, how: str) -> dict[str, Any]:
+    if how == "collective_sync":
+        strategy: DDPStrategy = RecordingDDP(gradient_sync="collective")
+    else:  # native sync, but the collective asks for the engine's traffic
+        strategy = DDPStrategy(collective=AsksForEngineTraffic("gloo"))
+    model = LinearModel()
+    trainer = accord.Trainer(
+        strategy=strategy,
+        devices=2,
+        accelerator="cpu",
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+    )
+    trainer.fit(model, loader(batch_size=16))
+    collective = strategy.collective
+    assert isinstance(collective, RecordingTorch)
+    return {
+        "buckets": getattr(collective, "buckets", 0),
+        "weights": flat_weights(model),
+        "steps": trainer.global_step,
+    }
+
+
+@pytest.mark.parametrize("how", ["collective_sync", "collective_asks"])
+def test_an_override_from_a_mixin_sees_every_gradient_bucket(how: str) -> None:
+    results = run_distributed(_fit_with_mixin, 2, how, timeout=120)
+    steps = results[0]["steps"]
+    for result in results:
+        # One gradient bucket per step here, each through the mixin's all_reduce.
+        assert result["buckets"] == steps > 0
+        torch.testing.assert_close(result["weights"], results[0]["weights"], rtol=0, atol=0)
     torch.testing.assert_close(
         results[0]["weights"], _single_device_weights(), rtol=1e-5, atol=1e-6
     )

@@ -275,7 +275,7 @@ def _tag_directories(checkpoint: Path) -> list[str]:
 def _save_and_resume(stage: int, root: Path) -> dict[str, Any]:
     full = AdamModel()
     checkpoints = accord.callbacks.ModelCheckpoint(
-        dirpath=root, filename="epoch={epoch}", save_top_k=-1, save_last=True
+        dirpath=root, filename="{epoch}", save_top_k=-1, save_last=True
     )
     _trainer(DeepSpeedStrategy(stage=stage), max_epochs=3, callbacks=[checkpoints]).fit(
         full, loader(batch_size=16)
@@ -458,9 +458,7 @@ class KilledMidSave(DeepSpeedCollective):
 
 def _fit_saving_every_epoch(root: Path, collective: DeepSpeedCollective | None, **fit: Any) -> Any:
     model = AdamModel()
-    checkpoints = accord.callbacks.ModelCheckpoint(
-        dirpath=root, filename="epoch={epoch}", save_top_k=-1
-    )
+    checkpoints = accord.callbacks.ModelCheckpoint(dirpath=root, filename="{epoch}", save_top_k=-1)
     strategy = DeepSpeedStrategy(stage=2, collective=collective)
     _trainer(strategy, max_epochs=3, callbacks=[checkpoints]).fit(
         model, loader(batch_size=16), **fit
@@ -501,7 +499,7 @@ def test_a_killed_save_leaves_nothing_under_its_name(deepspeed: Any, tmp_path: P
 
 
 def test_a_save_removes_only_what_killed_saves_left(tmp_path: Path) -> None:
-    from accord.engines.deepspeed.staging import remove_leftovers
+    from accord.engines.deepspeed.checkpoint_staging import remove_leftovers
 
     killed = tmp_path / ".epoch=3.ckpt.tmp"  # shards written, `latest` not yet
     (killed / "checkpoint-0").mkdir(parents=True)

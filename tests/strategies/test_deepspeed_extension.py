@@ -8,6 +8,7 @@ file left behind. Nothing of DeepSpeed or torch is mocked.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -119,7 +120,7 @@ def test_a_built_extension_is_reused_without_a_notice(copied: Path) -> None:
     result = _run(SETUP, copied, timeout=NO_BUILD_TIMEOUT)
     assert result.returncode == 0, result.stdout
     assert "setup done" in result.stdout
-    assert "compiling" not in result.stdout and "accord:" not in result.stdout
+    assert "compiling" not in result.stdout and "[accord]" not in result.stdout
     # The copy was accepted as it is: ninja rebuilt nothing.
     assert library.stat().st_mtime_ns == before
 
@@ -203,13 +204,15 @@ def test_the_default_directory_is_torchs(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------- the check on its own
-def test_only_an_announcing_rank_prints(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_only_an_announcing_rank_prints(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="accord")
     build = ExtensionBuild(NAME, tmp_path)
     prepare_extension_build(build, announce=False)
-    assert capsys.readouterr().err == ""
+    assert caplog.records == []
     prepare_extension_build(build, announce=True)
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and str(tmp_path) in err
+    (notice,) = caplog.records
+    assert notice.name == "accord.engines.deepspeed.extension"
+    assert "\n" not in notice.getMessage() and str(tmp_path) in notice.getMessage()
 
 
 def test_a_library_counts_as_built_only_if_torch_would_not_rebuild_it(tmp_path: Path) -> None:

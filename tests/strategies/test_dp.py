@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning_utilities.core.rank_zero import WarningCache
 from torch import nn
 
 import accord
@@ -33,7 +34,7 @@ def _fit(strategy: str, tmp_path: Path) -> tuple[LinearModel, accord.Trainer]:
 
 
 def test_dp_fit_matches_single_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dp, "_warned_cpu", False)
+    monkeypatch.setattr(dp, "_WARNINGS", WarningCache())  # as in a fresh process
     with pytest.warns(UserWarning, match="one replica"):
         dp_model, trainer = _fit("dp", tmp_path)
     single, _ = _fit("single_device", tmp_path)

@@ -83,7 +83,12 @@ def test_max_steps_and_val_check_interval(tmp_path: Path) -> None:
 
     model = Counting()
     trainer = _trainer(
-        tmp_path, max_epochs=None, max_steps=20, val_check_interval=4, limit_val_batches=1
+        tmp_path,
+        max_epochs=None,
+        max_steps=20,
+        val_check_interval=4,
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
     )
     trainer.fit(model, loader(16), loader(16))
     assert trainer.global_step == 20
@@ -161,8 +166,8 @@ def test_model_checkpoint_keeps_the_best_k(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path, max_epochs=5, callbacks=[callback], limit_val_batches=1)
     trainer.fit(Scored(), loader(64), loader(64))
     names = sorted(p.name for p in (tmp_path / "best").iterdir())
-    assert names == ["1-1.0.ckpt", "3-0.5.ckpt", "last.ckpt"]
-    assert callback.best_model_path.endswith("3-0.5.ckpt")
+    assert names == ["epoch=1-score=1.0.ckpt", "epoch=3-score=0.5.ckpt", "last.ckpt"]
+    assert callback.best_model_path.endswith("epoch=3-score=0.5.ckpt")
     assert callback.best_model_score == pytest.approx(0.5)
     assert not any(p.name.endswith(".tmp") for p in (tmp_path / "best").iterdir())
 

@@ -15,7 +15,7 @@ from accord.collectives import ReduceOpLike, TorchCollective
 from accord.errors import ConfigurationError, RankFailureError
 from accord.strategies import DDPStrategy
 from accord.testing import DEFAULT_TOLERANCES, assert_strategies_agree
-from accord.testing.equivalence import _launch
+from accord.testing._agree_launch import _launch
 
 
 class Net(accord.Module):

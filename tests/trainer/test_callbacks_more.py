@@ -4,6 +4,7 @@ state in checkpoints."""
 from __future__ import annotations
 
 import csv
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,8 @@ def test_lr_monitor_logs_the_lr_each_step_uses(tmp_path: Path) -> None:
     # 8 optimizer steps; step k ran with 0.1 * 0.5**k (and the second group 0.01 * ...).
     assert monitor.lrs["lr-SGD/pg1"] == pytest.approx([0.1 * 0.5**k for k in range(8)])
     assert monitor.lrs["lr-SGD/pg2"] == pytest.approx([0.01 * 0.5**k for k in range(8)])
-    assert monitor.lrs["momentum-SGD/pg1"] == [0.9] * 8
+    assert monitor.last_momentum_values == {"lr-SGD/pg1-momentum": 0.9, "lr-SGD/pg2-momentum": 0.9}
+    assert "lr-SGD/pg1-momentum" not in monitor.lrs
     rows = [r for r in _rows(logger.metrics_file) if r.get("lr-SGD/pg1")]
     assert [int(r["step"]) for r in rows] == list(range(8))
     assert [float(r["lr-SGD/pg1"]) for r in rows] == pytest.approx(monitor.lrs["lr-SGD/pg1"])
@@ -90,9 +92,9 @@ def test_lr_monitor_epoch_interval_and_names() -> None:
     trainer._state.optimizers = list(model.configure_optimizers())
     assert monitor.stats(trainer, "epoch") == {
         "lr-Adam": 0.1,
-        "momentum-Adam": 0.9,
+        "lr-Adam-momentum": 0.9,
         "lr-Adam-1": 0.2,
-        "momentum-Adam-1": 0.9,
+        "lr-Adam-1-momentum": 0.9,
     }
     with pytest.raises(ConfigurationError, match="logging_interval='batch'"):
         LearningRateMonitor(logging_interval="batch")
@@ -112,16 +114,17 @@ class Frozen(LinearModel):
         self.scale = nn.Parameter(torch.ones(1))
 
 
-def test_model_summary_counts_per_child(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_model_summary_counts_per_child(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     rows = {r.name: r for r in summarize(Frozen())}
-    assert list(rows) == ["<module>", "layer", "encoder"]
+    assert list(rows) == ["layer", "encoder", "other params"]
     assert (rows["layer"].trainable, rows["layer"].frozen) == (9, 0)
     assert (rows["encoder"].trainable, rows["encoder"].frozen) == (0, 72)
     assert rows["encoder"].type == "Sequential"
-    assert rows["<module>"].size_bytes == 4
+    assert rows["other params"].size_bytes == 4
     summary = ModelSummary()
-    _trainer(tmp_path, [summary], max_epochs=1).fit(Frozen(), loader(16))
-    out = capsys.readouterr().out
+    with caplog.at_level(logging.INFO, logger="accord"):
+        _trainer(tmp_path, [summary], max_epochs=1).fit(Frozen(), loader(16))
+    out = caplog.text
     assert summary.text in out
     assert "10         Trainable params" in out
     assert "72         Non-trainable params" in out

@@ -97,9 +97,9 @@ def _rank_zero_clock(rank: int, world_size: int, root: str) -> list[str]:
 def test_train_time_interval_follows_rank_zero_clock(tmp_path: Path) -> None:
     saved = run_distributed(_rank_zero_clock, 2, str(tmp_path), timeout=150)
     # 256 samples, 64 per rank and batch: 2 optimizer steps, each followed by a save.
-    expected = [str(tmp_path / f"{step}.ckpt") for step in (1, 2)]
+    expected = [str(tmp_path / f"step={step}.ckpt") for step in (1, 2)]
     assert saved == [expected, expected]
-    assert _names(tmp_path) == ["1.ckpt", "2.ckpt"]
+    assert _names(tmp_path) == ["step=1.ckpt", "step=2.ckpt"]
 
 
 def test_train_time_interval_not_reached_saves_nothing(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 import accord
 from accord.collectives import TorchCollective
-from accord.engines.torch.collective import DEFAULT_RENDEZVOUS_TIMEOUT, rendezvous_timeout
+from accord.core.rendezvous import DEFAULT_RENDEZVOUS_TIMEOUT, rendezvous_timeout
 from accord.environments.local import find_free_port
 from accord.errors import CollectiveTimeoutError, ConfigurationError
 from accord.precision import PrecisionMode
@@ -102,7 +102,7 @@ def test_an_instance_is_used_as_given() -> None:
         ({"strategy": "single_device", "devices": 2}, r"one device"),
         ({"precision": "16-mixed"}, r"needs a CUDA device"),
         ({"precision": "64"}, r"Unknown precision"),
-        ({"max_epochs": -1}, r"max_epochs"),
+        ({"max_epochs": -2}, r"max_epochs"),
         ({"accumulate_grad_batches": 0}, r"accumulate_grad_batches"),
         ({"limit_train_batches": 1.5}, r"fraction outside"),
         ({"gradient_clip_val": 0}, r"gradient_clip_val"),

@@ -90,8 +90,9 @@ def test_fit_validate_test_predict_call_the_hooks_in_order(tmp_path: Path) -> No
     assert dm.calls == [
         "prepare_data",
         "setup:fit",
-        "train_dataloader",
+        # As in Lightning: the sanity check asks for the validation loader first.
         "val_dataloader",
+        "train_dataloader",
         "teardown:fit",
     ]
     assert trainer.global_step == 4

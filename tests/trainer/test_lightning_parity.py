@@ -36,7 +36,7 @@ from accord.callbacks import Callback, EarlyStopping, LearningRateMonitor, Model
 from accord.loggers import CSVLogger
 """
 
-# The reference run gets the pause at exit that accord's processes take (accord.core.lending,
+# The reference run gets the pause at exit that accord's processes take (accord.core.backend_threads,
 # EXIT_SETTLE_SECONDS): without it a Lightning DDP rank can abort after a run that succeeded
 # ("terminate called without an active exception"), when a gloo worker drops the autograd
 # context it kept from a backward pass as the interpreter finalizes.
@@ -407,3 +407,236 @@ def test_manual_optimization_trains_the_same_under_accord_and_lightning(
     assert ours["weights"].keys() == theirs["weights"].keys()
     for key, values in theirs["weights"].items():
         assert all(_close(a, b) for a, b in zip(ours["weights"][key], values, strict=True)), key
+
+
+ACCORD_FEATURE_IMPORTS = (
+    ACCORD_IMPORTS
+    + "from accord import seed_everything\nimport accord.module as lightning_module\n"
+)
+LIGHTNING_FEATURE_IMPORTS = (
+    LIGHTNING_IMPORTS
+    + "from pytorch_lightning import seed_everything\nimport pytorch_lightning as lightning_module\n"
+)
+
+FEATURES_SCRIPT = """\
+import json
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Sampler, TensorDataset
+
+{imports}
+
+calls = []
+
+
+class Net(LightningModule):
+    def __init__(self, lr: float = 0.2, warmup: int = 4) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(4, 16), nn.BatchNorm1d(16), nn.Tanh(), nn.Linear(16, 1))
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = nn.functional.mse_loss(self(x), y)
+        self.log("train_loss", loss, on_step=True, on_epoch=True, sync_dist=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self(x), y), sync_dist=True)
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
+        total = self.trainer.estimated_stepping_batches
+        calls.append(f"estimated_stepping_batches={{total}}")
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(
+            optimizer, max_lr=self.hparams.lr, total_steps=total
+        )
+        return {{"optimizer": optimizer, "lr_scheduler": {{"scheduler": scheduler, "interval": "step"}}}}
+
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure):
+        # A warm-up on top of the schedule: the first steps take a smaller one.
+        scale = min(1.0, (self.trainer.global_step + 1) / self.hparams.warmup)
+        for group in optimizer.param_groups:
+            group["lr"] *= scale
+        optimizer.step(closure=optimizer_closure)
+        for group in optimizer.param_groups:
+            group["lr"] /= scale
+
+
+def record(cls, names, kind):
+    for name in names:
+        original = getattr(cls, name)
+
+        def wrapper(self, *args, __name=name, __original=original, **kwargs):
+            calls.append(f"{{kind}} {{__name}}")
+            return __original(self, *args, **kwargs)
+
+        setattr(cls, name, wrapper)
+
+
+class Collect(Callback):
+    def __init__(self):
+        self.seen = []
+        self.sanity = 0
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        if trainer.sanity_checking:
+            self.sanity += 1
+            return
+        self.seen.append(float(trainer.callback_metrics["val_loss"]))
+
+
+record(
+    Net,
+    [n for n in dir(LightningModule) if n.startswith("on_") and n != "on_gpu"]
+    + ["optimizer_step", "optimizer_zero_grad", "lr_scheduler_step", "configure_gradient_clipping", "backward"],
+    "M",
+)
+record(Collect, ["on_train_batch_start", "on_before_optimizer_step", "on_sanity_check_start", "on_train_epoch_end"], "C")
+
+
+class EpochPermutation(Sampler):
+    # The order a two-rank DistributedSampler deals out, as one device's order.
+    def __init__(self, length, seed):
+        self.length, self.seed, self.epoch = length, seed, 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(torch.randperm(self.length, generator=generator).tolist())
+
+    def __len__(self):
+        return self.length
+
+
+def main(out: Path, strategy: str, devices: int, mode: str) -> None:
+    seed_everything(7)
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(128, 4, generator=generator)
+    y = torch.tanh(x @ torch.tensor([[1.0], [-2.0], [0.5], [0.0]])) + 0.1 * torch.randn(128, 1, generator=generator)
+    train, val = TensorDataset(x[:96], y[:96]), TensorDataset(x[96:], y[96:])
+    if mode == "global":
+        # One device with the two ranks' batches together (what sync_batchnorm computes).
+        train_loader = DataLoader(train, batch_size=8, sampler=EpochPermutation(96, 7))
+        val_loader = DataLoader(val, batch_size=16)
+    else:
+        train_loader = DataLoader(train, batch_size=4, shuffle=True)
+        val_loader = DataLoader(val, batch_size=8)
+    collect = Collect()
+    trainer = Trainer(
+        accelerator="cpu",
+        strategy=strategy,
+        devices=devices,
+        max_epochs=3,
+        accumulate_grad_batches=2,
+        gradient_clip_val=0.05,
+        gradient_clip_algorithm="value",
+        sync_batchnorm=mode == "sync",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[collect],
+    )
+    model = Net()
+    trainer.fit(model, train_loader, val_loader)
+    result = {{
+        "global_step": trainer.global_step,
+        "sanity": collect.sanity,
+        "val_loss": collect.seen,
+        "calls": calls,
+        "weights": {{k: v.flatten().tolist() for k, v in model.state_dict().items()}},
+    }}
+    (out / f"result-{{trainer.global_rank}}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4])
+"""
+
+
+def _run_features(
+    python: Path | str, imports: str, out: Path, strategy: str, devices: int, mode: str
+) -> dict[str, Any]:
+    out.mkdir()
+    script = out / "train.py"
+    script.write_text(FEATURES_SCRIPT.format(imports=imports))
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [str(python), str(script), str(out), strategy, str(devices), mode],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=out,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return dict(json.loads((out / "result-0.json").read_text()))
+
+
+def _same_numbers(ours: dict[str, Any], theirs: dict[str, Any], tol: float = 1e-5) -> None:
+    assert ours["global_step"] == theirs["global_step"]
+    assert len(ours["val_loss"]) == len(theirs["val_loss"]) == 3
+    for a, b in zip(ours["val_loss"], theirs["val_loss"], strict=True):
+        assert math.isclose(a, b, rel_tol=tol, abs_tol=tol), (a, b)
+    assert ours["weights"].keys() == theirs["weights"].keys()
+    for key, values in theirs["weights"].items():
+        for a, b in zip(ours["weights"][key], values, strict=True):
+            assert math.isclose(a, b, rel_tol=tol, abs_tol=tol), (key, a, b)
+
+
+@pytest.mark.parametrize(("strategy", "devices"), [("single_device", 1), ("ddp", 2)])
+def test_lightning_features_train_the_same_under_accord_and_lightning(
+    strategy: str, devices: int, tmp_path: Path
+) -> None:
+    """The sanity check, OneCycleLR sized by estimated_stepping_batches, a warm-up in an
+    optimizer_step override, accumulation, clipping by value, BatchNorm, shuffled data, a
+    callback reading the validation metrics in on_validation_epoch_end: the same hook calls
+    and the same numbers as Lightning."""
+    missing = _lightning_missing()
+    if missing is not None:
+        pytest.skip(missing)
+    mode = "sync" if devices == 1 else "plain"
+    ours = _run_features(
+        sys.executable, ACCORD_FEATURE_IMPORTS, tmp_path / "accord", strategy, devices, mode
+    )
+    theirs = _run_features(
+        BENCH_PYTHON, LIGHTNING_FEATURE_IMPORTS, tmp_path / "lightning", strategy, devices, mode
+    )
+    assert ours["calls"] == theirs["calls"]
+    assert ours["sanity"] == theirs["sanity"] == 1
+    _same_numbers(ours, theirs)
+
+
+def test_sync_batchnorm_on_two_ranks_trains_as_one_device_with_both_batches(
+    tmp_path: Path,
+) -> None:
+    """Lightning's sync_batchnorm needs a GPU (torch's SyncBatchNorm); accord's runs on CPU.
+    BatchNorm over two ranks' batches is BatchNorm over both batches at once, so accord's
+    ddp x2 with sync_batchnorm must give the numbers Lightning gives on one device with the
+    two ranks' batches together, in the order the distributed sampler deals them."""
+    missing = _lightning_missing()
+    if missing is not None:
+        pytest.skip(missing)
+    ours = _run_features(
+        sys.executable, ACCORD_FEATURE_IMPORTS, tmp_path / "accord", "ddp", 2, "sync"
+    )
+    theirs = _run_features(
+        BENCH_PYTHON,
+        LIGHTNING_FEATURE_IMPORTS,
+        tmp_path / "lightning",
+        "single_device",
+        1,
+        "global",
+    )
+    _same_numbers(ours, theirs, tol=1e-4)

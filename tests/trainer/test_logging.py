@@ -43,6 +43,7 @@ def _fit_counting(rank: int, world_size: int) -> dict[str, Any]:
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
+        num_sanity_val_steps=0,
     )
     val = DataLoader(TensorDataset(torch.randn(3, 8), torch.randn(3)), batch_size=1)
     trainer.fit(model, loader(16), val)

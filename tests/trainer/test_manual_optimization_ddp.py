@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import accord
 from accord.errors import ConfigurationError
-from accord.module import ManualOptimizer
+from accord.module import StrategyOptimizer
 from accord.strategies import DDPStrategy
 from accord.testing import run_distributed
 
@@ -87,7 +87,7 @@ class Accumulating(accord.Module):
     def training_step(self, batch: Any, batch_idx: int) -> None:
         real, noise = batch
         opt = self.optimizers()
-        assert isinstance(opt, ManualOptimizer)
+        assert isinstance(opt, StrategyOptimizer)
         stepping = (batch_idx + 1) % self.every == 0
         with opt.toggle_model(sync_grad=stepping):
             loss = nn.functional.mse_loss(self.net(real), noise) / self.every
@@ -117,7 +117,7 @@ class TwoStepsPerBatch(accord.Module):
     def training_step(self, batch: Any, batch_idx: int) -> None:
         real, noise = batch
         opt = self.optimizers()
-        assert isinstance(opt, ManualOptimizer)
+        assert isinstance(opt, StrategyOptimizer)
         for scale in (1.0, 2.0):
             opt.zero_grad()
             self.manual_backward(nn.functional.mse_loss(self.net(real) * scale, noise))

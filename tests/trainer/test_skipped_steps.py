@@ -113,4 +113,5 @@ def test_a_step_that_never_returns_a_loss_warns_once() -> None:
 def test_skipping_some_batches_on_one_device_does_not_warn() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
+        warnings.filterwarnings("ignore", "SkipsEverywhere defines validation_step")
         _trainer("single_device", 1).fit(SkipsEverywhere(), loader(32))

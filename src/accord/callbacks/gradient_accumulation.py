@@ -28,12 +28,13 @@ class GradientAccumulationScheduler(Callback):
 
     Args:
         scheduling: ``{first epoch: batches per optimizer step}``; epochs before the
-            smallest key use 1.
+            smallest key use 1 (``scheduling`` then holds ``0: 1`` too, as in Lightning).
 
     Raises:
         ConfigurationError: an empty schedule, a negative epoch or a factor below 1; at fit
-            start, a Trainer with its own ``accumulate_grad_batches`` or a strategy that
-            fixes the accumulation when it starts (DeepSpeed, Horovod).
+            start, a Trainer with its own ``accumulate_grad_batches``, a module with manual
+            optimization, or a strategy that fixes the accumulation when it starts
+            (DeepSpeed, Horovod).
     """
 
     def __init__(self, scheduling: Mapping[int, int]) -> None:
@@ -51,9 +52,14 @@ class GradientAccumulationScheduler(Callback):
                     f"GradientAccumulationScheduler: factor {factor!r} at epoch {epoch} must "
                     "be an int >= 1."
                 )
-        self.scheduling = dict(sorted(scheduling.items()))
+        self.scheduling = dict(sorted({0: 1, **scheduling}.items()))
+        self.epochs = list(self.scheduling)
 
-    def factor(self, epoch: int) -> int:
+    def going_to_accumulate_grad_batches(self) -> bool:
+        """Whether any epoch accumulates more than one batch."""
+        return any(factor > 1 for factor in self.scheduling.values())
+
+    def get_accumulate_grad_batches(self, epoch: int) -> int:
         """Batches per optimizer step in ``epoch``."""
         current = 1
         for start, factor in self.scheduling.items():
@@ -64,12 +70,18 @@ class GradientAccumulationScheduler(Callback):
     @override
     def on_fit_start(self, trainer: Trainer, module: Module) -> None:
         if trainer.accumulate_grad_batches != 1 and trainer.accumulate_grad_batches != (
-            self.factor(trainer.current_epoch)
+            self.get_accumulate_grad_batches(trainer.current_epoch)
         ):
             raise ConfigurationError(
                 f"Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) and a "
                 "GradientAccumulationScheduler both set the accumulation; keep one (leave "
                 "the Trainer's at 1)."
+            )
+        if not module.automatic_optimization:
+            raise ConfigurationError(
+                "GradientAccumulationScheduler needs automatic optimization; "
+                f"{type(module).__name__} optimizes manually (automatic_optimization=False), "
+                "so accumulate in its training_step yourself, or drop the callback."
             )
         engine = [c.__module__ for c in type(trainer.strategy).__mro__]
         if any(name.startswith(_FIXED_ACCUMULATION) for name in engine):
@@ -81,7 +93,7 @@ class GradientAccumulationScheduler(Callback):
 
     @override
     def on_train_epoch_start(self, trainer: Trainer, module: Module) -> None:
-        trainer.accumulate_grad_batches = self.factor(trainer.current_epoch)
+        trainer.accumulate_grad_batches = self.get_accumulate_grad_batches(trainer.current_epoch)
 
     @override
     def state_dict(self) -> dict[str, Any]:

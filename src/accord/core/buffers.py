@@ -1,6 +1,7 @@
 """Tensor plumbing shared by collectives and strategies.
 
-``out=`` checks, work buffers, the uneven all_gather, moving a nested batch. `Collective`
+``out=`` checks and the buffers an op writes, the byte view of a buffer, the uneven
+all_gather, moving a nested batch. `Collective`
 keeps its promises (inputs never modified, results on the input's device or in the caller's
 ``out=``, integer means as floats) with these helpers, written once for every op.
 """
@@ -17,9 +18,12 @@ from accord.core.reduce_op import ReduceOp
 
 __all__ = [
     "all_gather_uneven",
-    "move_to_device",
+    "byte_view",
     "check_out",
+    "deliver",
     "finish",
+    "move_to_device",
+    "output_buffer",
     "same_memory",
     "work_buffer",
 ]
@@ -34,6 +38,42 @@ def check_out(out: torch.Tensor, shape: Any, dtype: torch.dtype, device: torch.d
             f"out= must have shape {tuple(shape)}, dtype {dtype} and device {device}; "
             f"got shape {tuple(out.shape)}, dtype {out.dtype}, device {out.device}."
         )
+
+
+def output_buffer(
+    tensor: torch.Tensor,
+    shape: Any,
+    out: torch.Tensor | None,
+    dtype: torch.dtype | None = None,
+    result_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """The contiguous buffer of ``dtype`` (default: ``tensor``'s) on ``tensor``'s device that
+    a primitive fills with a result of ``shape`` and ``result_dtype`` (default: ``dtype``):
+    ``out`` itself where it is contiguous and of ``dtype`` (checked first), else a new one,
+    which `deliver` (or `finish`) copies into ``out``."""
+    dtype = tensor.dtype if dtype is None else dtype
+    if out is not None:
+        check_out(out, shape, dtype if result_dtype is None else result_dtype, tensor.device)
+        if out.is_contiguous() and out.dtype == dtype:
+            return out
+    return tensor.new_empty(shape, dtype=dtype)
+
+
+def deliver(buffer: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """An op's result from the `output_buffer` it filled: ``out`` (filled from ``buffer``
+    where the two differ), or ``buffer`` itself without one."""
+    if out is not None and buffer is not out:
+        return out.copy_(buffer)
+    return buffer
+
+
+def byte_view(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as the buffer a data-movement op sends: bool as uint8 of the same size.
+
+    Broadcast, gather and the other ops that only copy bytes accept every dtype this way;
+    bool is not a gloo type.
+    """
+    return tensor.view(torch.uint8) if tensor.dtype == torch.bool else tensor
 
 
 def work_buffer(

@@ -2,33 +2,25 @@
 
 A backend implements a handful of in-place primitives on private, contiguous buffers
 (`_all_reduce_`, `_broadcast_`, `_all_gather_into`, `_reduce_scatter_into`, `_barrier`);
-this base class turns them into the public operations and owns everything the contract
-promises on every backend: inputs are never modified, results land on the input's device
-(or in a caller-owned ``out=`` tensor), ``mean`` of an integer tensor is a float, op names
-are parsed in one place (`accord.core.reduce_op`), and objects travel as pickled bytes on the
-backend's own primitives (`accord.core.objects`), without numpy.
-
-``all_reduce(..., async_op=True)`` returns a `CollectiveHandle` at once. A backend with an
-asynchronous form overrides `_all_reduce_async_`; on any other, the synchronous primitive
-runs at the call and the handle is already complete. A subclass written before the
-asynchronous form existed keeps working with it unchanged (see `Collective`).
+this base class turns them into the public operations and keeps every promise of the
+contract on every backend: inputs are never modified, results land on the input's device or
+in a caller-owned ``out=`` tensor (`accord.core.buffers`), ``mean`` of an integer tensor is
+a float (`accord.core.reduce_op`), objects travel as pickled bytes (`accord.core.objects`).
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, ClassVar, Literal, overload
 
 import torch
 from typing_extensions import Self
 
-from accord.core.buffers import check_out, finish, same_memory, work_buffer
+from accord.core.buffers import deliver, finish, output_buffer, same_memory, work_buffer
 from accord.core.handle import CollectiveHandle
 from accord.core.objects import all_gather_object, broadcast_object
+from accord.core.overrides import adapt_overrides
 from accord.core.reduce_op import OP_SPELLINGS, ReduceOp, ReduceOpLike, reduce_dtypes
 from accord.errors import CollectiveNotSetupError
 
@@ -43,22 +35,16 @@ class Collective(ABC):
     `_recv_`, `_gather_into`, `_scatter_into`, `_all_to_all_into`) raise
     `NotImplementedError` naming the backend unless overridden.
 
-    ``all_reduce(..., async_op=True)`` works on every subclass. A subclass that overrides
-    `_all_reduce_` without `_all_reduce_async_` gets the synchronous fallback (its own
-    `_all_reduce_` runs at the call), so an inherited asynchronous primitive never bypasses
-    it; a subclass whose ``all_reduce`` override takes no ``async_op`` has it adapted: with
-    ``async_op=True`` the override runs at the call and its result comes back as a completed
-    `CollectiveHandle`.
+    ``all_reduce(..., async_op=True)`` works on every subclass, however its overrides are
+    composed (on the class itself, a base or a mixin): an ``all_reduce`` override without
+    ``async_op`` runs at the call and returns a completed `CollectiveHandle`, and an
+    `_all_reduce_` override is never bypassed by an inherited `_all_reduce_async_`
+    (`accord.core.overrides`).
     """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        own = cls.__dict__
-        if "_all_reduce_" in own and "_all_reduce_async_" not in own:
-            cls._all_reduce_async_ = Collective._all_reduce_async_  # type: ignore[method-assign]
-        method = own.get("all_reduce")
-        if callable(method) and not _takes_async_op(method):
-            cls.all_reduce = _adapt_sync_all_reduce(method)  # type: ignore[method-assign]
+        adapt_overrides(cls, Collective._all_reduce_async_)
 
     backend_name: ClassVar[str] = "collective"
     """Human-readable backend name used in error messages."""
@@ -94,10 +80,20 @@ class Collective(ABC):
     def teardown(self) -> Self:
         """Destroy what `setup` created; a no-op when called again."""
 
+    def abandon(self) -> None:
+        """This rank's run failed: other ranks may be gone, so `teardown` must not wait for
+        them. Nothing to do for a collective that never waits at teardown."""
+
     @property
     def object_device(self) -> torch.device:
         """Device on which pickled objects travel (CPU unless the backend needs another)."""
         return torch.device("cpu")
+
+    @property
+    def wants_engine_traffic(self) -> bool:
+        """Whether traffic an engine sends itself should go through these ops instead (DDP's
+        gradient buckets); True where a wrapper checks every call (`DebugCollective`)."""
+        return False
 
     # ---------------------------------------------------------------- primitives
     @abstractmethod
@@ -254,24 +250,14 @@ class Collective(ABC):
         work, target = work_buffer(tensor, tensor.shape, work_dtype, result_dtype, out)
         backend_op = self._backend_op(reduce_op, work)
         finish_op = ReduceOp.SUM if backend_op is ReduceOp.MEAN else reduce_op  # averaged
-        world_size = self.world_size
-        if not work.numel():
-            return CollectiveHandle.completed(
-                finish(work, target, result_dtype, finish_op, world_size)
-            )
-        started = self._all_reduce_async_(work, backend_op)
-        if started is None:  # reduced at the call: nothing to wait for
-            return CollectiveHandle.completed(
-                finish(work, target, result_dtype, finish_op, world_size)
-            )
-        if target is work and finish_op is not ReduceOp.MEAN and work.dtype == result_dtype:
-            # In place, averaged by the backend (a DDP gradient bucket): nothing to finish.
-            return CollectiveHandle.after(started, lambda: work, lambda: self._op("all_reduce"))
-        return CollectiveHandle.after(
-            started,
-            lambda: finish(work, target, result_dtype, finish_op, world_size),
-            lambda: self._op("all_reduce"),
-        )
+        finishing = (result_dtype, finish_op, self.world_size)
+        started = self._all_reduce_async_(work, backend_op) if work.numel() else None
+        if started is None:  # empty, or reduced at the call: nothing to wait for
+            return CollectiveHandle.completed(finish(work, target, *finishing))
+        # In place, averaged by the backend (a DDP gradient bucket): nothing to finish.
+        finished = target is work and finish_op is not ReduceOp.MEAN and work.dtype == result_dtype
+        result = (lambda: work) if finished else (lambda: finish(work, target, *finishing))
+        return CollectiveHandle.after(started, result, lambda: self._op("all_reduce"))
 
     def _backend_op(self, op: ReduceOp, work: torch.Tensor) -> ReduceOp:
         """The op `_all_reduce_` gets for ``op`` on ``work``: MEAN only where the backend
@@ -286,20 +272,12 @@ class Collective(ABC):
         """Return rank ``src``'s ``tensor`` on every rank (same shape and dtype everywhere)."""
         self._check_ready("broadcast", tensor)
         self._check_rank("src", src)
-        if out is not None:
-            check_out(out, tensor.shape, tensor.dtype, tensor.device)
-        buffer = (
-            out
-            if out is not None and out.is_contiguous()
-            else torch.empty_like(tensor, memory_format=torch.contiguous_format)
-        )
+        buffer = output_buffer(tensor, tensor.shape, out)
         if self.rank == src and not same_memory(buffer, tensor):
             buffer.copy_(tensor)
         if buffer.numel():
             self._broadcast_(buffer, src)
-        if out is not None and buffer is not out:
-            return out.copy_(buffer)
-        return buffer
+        return deliver(buffer, out)
 
     def all_gather(self, tensor: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
         """Stack every rank's ``tensor`` in rank order: shape ``[world_size, *tensor.shape]``.
@@ -308,15 +286,10 @@ class Collective(ABC):
         first dimensions on top of this.
         """
         self._check_ready("all_gather", tensor)
-        shape = (self.world_size, *tensor.shape)
-        if out is not None:
-            check_out(out, shape, tensor.dtype, tensor.device)
-        output = out if out is not None and out.is_contiguous() else tensor.new_empty(shape)
+        output = output_buffer(tensor, (self.world_size, *tensor.shape), out)
         if tensor.numel():
             self._all_gather_into(output, tensor.contiguous())
-        if out is not None and output is not out:
-            return out.copy_(output)
-        return output
+        return deliver(output, out)
 
     def reduce_scatter(
         self, tensor: torch.Tensor, op: ReduceOpLike = "sum", *, out: torch.Tensor | None = None
@@ -328,17 +301,10 @@ class Collective(ABC):
         """
         reduce_op = ReduceOp.parse(op)
         self._check_ready("reduce_scatter", tensor)
-        if tensor.dim() == 0 or tensor.shape[0] % self.world_size:
-            raise ValueError(
-                f"reduce_scatter needs a first dimension divisible by world_size="
-                f"{self.world_size}, got shape {tuple(tensor.shape)}. Pad the tensor first."
-            )
+        self._check_divisible("reduce_scatter", tensor)
         shape = (tensor.shape[0] // self.world_size, *tensor.shape[1:])
         result_dtype, work_dtype = reduce_dtypes(tensor.dtype, reduce_op)
-        if out is not None:
-            check_out(out, shape, result_dtype, tensor.device)
-        direct = out is not None and out.is_contiguous() and out.dtype == work_dtype
-        work = out if direct and out is not None else tensor.new_empty(shape, dtype=work_dtype)
+        work = output_buffer(tensor, shape, out, work_dtype, result_dtype)
         source = tensor.to(work_dtype).contiguous()
         if source.numel():
             base_op = ReduceOp.SUM if reduce_op is ReduceOp.MEAN else reduce_op
@@ -362,17 +328,9 @@ class Collective(ABC):
         """Receive from rank ``src`` a tensor shaped like ``tensor`` (which is left unchanged)."""
         self._check_ready("recv", tensor)
         self._check_rank("src", src)
-        if out is not None:
-            check_out(out, tensor.shape, tensor.dtype, tensor.device)
-        buffer = (
-            out
-            if out is not None and out.is_contiguous()
-            else torch.empty_like(tensor, memory_format=torch.contiguous_format)
-        )
+        buffer = output_buffer(tensor, tensor.shape, out)
         self._recv_(buffer, src)
-        if out is not None and buffer is not out:
-            return out.copy_(buffer)
-        return buffer
+        return deliver(buffer, out)
 
     def gather(
         self, tensor: torch.Tensor, dst: int = 0, *, out: torch.Tensor | None = None
@@ -380,17 +338,12 @@ class Collective(ABC):
         """Stack every rank's ``tensor`` on rank ``dst`` (``[world_size, *shape]``); None elsewhere."""
         self._check_ready("gather", tensor)
         self._check_rank("dst", dst)
-        shape = (self.world_size, *tensor.shape)
-        output: torch.Tensor | None = None
+        output = None
         if self.rank == dst:
-            if out is not None:
-                check_out(out, shape, tensor.dtype, tensor.device)
-            output = out if out is not None and out.is_contiguous() else tensor.new_empty(shape)
+            output = output_buffer(tensor, (self.world_size, *tensor.shape), out)
         if tensor.numel():
             self._gather_into(output, tensor.contiguous(), dst)
-        if out is not None and output is not None and output is not out:
-            return out.copy_(output)
-        return output
+        return None if output is None else deliver(output, out)
 
     def scatter(
         self, tensor: torch.Tensor, src: int = 0, *, out: torch.Tensor | None = None
@@ -407,16 +360,11 @@ class Collective(ABC):
                 f"scatter needs a tensor of shape [world_size={self.world_size}, ...], "
                 f"got {tuple(tensor.shape)}."
             )
-        shape = tensor.shape[1:]
-        if out is not None:
-            check_out(out, shape, tensor.dtype, tensor.device)
-        output = out if out is not None and out.is_contiguous() else tensor.new_empty(shape)
+        output = output_buffer(tensor, tensor.shape[1:], out)
         if tensor.numel():
             source = tensor.contiguous() if self.rank == src else None
             self._scatter_into(output, source, src)
-        if out is not None and output is not out:
-            return out.copy_(output)
-        return output
+        return deliver(output, out)
 
     def all_to_all(self, tensor: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
         """Send chunk ``i`` of ``tensor``'s first dimension to rank ``i``.
@@ -424,22 +372,14 @@ class Collective(ABC):
         Returns a tensor of the same shape whose chunk ``j`` came from rank ``j``.
         """
         self._check_ready("all_to_all", tensor)
-        if tensor.dim() == 0 or tensor.shape[0] % self.world_size:
-            raise ValueError(
-                f"all_to_all needs a first dimension divisible by world_size="
-                f"{self.world_size}, got shape {tuple(tensor.shape)}."
-            )
-        if out is not None:
-            check_out(out, tensor.shape, tensor.dtype, tensor.device)
-        output = out if out is not None and out.is_contiguous() else tensor.new_empty(tensor.shape)
+        self._check_divisible("all_to_all", tensor)
+        output = output_buffer(tensor, tensor.shape, out)
         if tensor.numel():
             source = tensor.contiguous()
             if same_memory(output, source):
                 source = source.clone()
             self._all_to_all_into(output, source)
-        if out is not None and output is not out:
-            return out.copy_(output)
-        return output
+        return deliver(output, out)
 
     # ------------------------------------------------------------ object ops
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
@@ -473,9 +413,8 @@ class Collective(ABC):
 
     # --------------------------------------------------------------- helpers
     def __repr__(self) -> str:
-        if not self.is_setup:
-            return f"{type(self).__name__}(not set up)"
-        return f"{type(self).__name__}(rank={self.rank}, world_size={self.world_size})"
+        state = f"rank={self.rank}, world_size={self.world_size}" if self.is_setup else "not set up"
+        return f"{type(self).__name__}({state})"
 
     def _unsupported(self, op: str) -> NotImplementedError:
         return NotImplementedError(
@@ -492,14 +431,20 @@ class Collective(ABC):
 
     def _check_ready(self, op: str, tensor: Any) -> None:
         if not isinstance(tensor, torch.Tensor):
+            has_object_form = op in ("broadcast", "all_gather")
+            objects = f", or use {op}_object for Python objects" if has_object_form else ""
             raise TypeError(
                 f"{op} expects a torch.Tensor, got {type(tensor).__name__}. Wrap the value "
-                f"with torch.tensor(...), or use {op}_object for Python objects."
-                if op in ("broadcast", "all_gather")
-                else f"{op} expects a torch.Tensor, got {type(tensor).__name__}. Wrap the value "
-                "with torch.tensor(...)."
+                f"with torch.tensor(...){objects}."
             )
         self._require_setup(op)
+
+    def _check_divisible(self, op: str, tensor: torch.Tensor) -> None:
+        if tensor.dim() == 0 or tensor.shape[0] % self.world_size:
+            raise ValueError(
+                f"{op} needs a first dimension divisible by world_size={self.world_size}, got "
+                f"shape {tuple(tensor.shape)}. Pad the tensor first."
+            )
 
     def _check_rank(self, role: str, rank: int) -> None:
         if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < self.world_size:
@@ -507,30 +452,3 @@ class Collective(ABC):
                 f"{role}={rank!r} is not a rank of this group; use an int in "
                 f"[0, {self.world_size - 1}]."
             )
-
-
-def _takes_async_op(method: Callable[..., Any]) -> bool:
-    """Whether an ``all_reduce`` override accepts ``async_op`` (by name or ``**kwargs``)."""
-    try:
-        parameters = inspect.signature(method).parameters.values()
-    except (TypeError, ValueError):
-        return True  # nothing to adapt to: leave it as written
-    return any(p.name == "async_op" or p.kind is p.VAR_KEYWORD for p in parameters)
-
-
-def _adapt_sync_all_reduce(method: Callable[..., torch.Tensor]) -> Callable[..., Any]:
-    """``method``, an ``all_reduce`` without ``async_op``, taking it: a completed handle."""
-
-    @functools.wraps(method)
-    def all_reduce(
-        self: Collective,
-        tensor: torch.Tensor,
-        op: ReduceOpLike = "sum",
-        *,
-        out: torch.Tensor | None = None,
-        async_op: bool = False,
-    ) -> torch.Tensor | CollectiveHandle:
-        result = method(self, tensor, op) if out is None else method(self, tensor, op, out=out)
-        return CollectiveHandle.completed(result) if async_op else result
-
-    return all_reduce

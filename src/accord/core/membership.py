@@ -7,9 +7,16 @@ checks (``rank`` before ``setup`` is an error that says so) are written here onc
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 from typing_extensions import override
 
 from accord.core.collective import Collective
+from accord.errors import AccordError, CollectiveError
+
+if TYPE_CHECKING:
+    from accord.core.regroup import Regrouped
 
 __all__ = ["MemberCollective"]
 
@@ -24,6 +31,37 @@ class MemberCollective(Collective):
         self._created = False
         self._rank = -1
         self._world_size = -1
+        self._progress: Callable[[], str] = _nothing
+
+    def report_progress(self, describe: Callable[[], str]) -> None:
+        """What this rank is doing, asked when another rank needs to know (a wait that
+        failed names where each rank was): ``describe()`` returns e.g. ``"step 140: train"``.
+        """
+        self._progress = describe
+
+    def diagnose(self, error: BaseException, where: str) -> AccordError | None:
+        """The error to raise instead of ``error``, a wait on the other ranks that failed
+        (a backend's timeout, a peer's closed connection) while this rank was at ``where``:
+        one that names the ranks that are gone or elsewhere; None when this collective
+        cannot tell (the default)."""
+        return None
+
+    @property
+    def can_regroup(self) -> bool:
+        """Whether `regroup` can form a new group of the survivors of a lost rank."""
+        return False
+
+    def regroup(self, progress: dict[str, Any]) -> Regrouped:
+        """Form a new group of the ranks left after a failed wait (see
+        `accord.core.process_group.ProcessGroupCollective.regroup`).
+
+        Raises:
+            CollectiveError: this collective cannot (the default).
+        """
+        raise CollectiveError(
+            f"{type(self).__name__} cannot go on without a lost rank: it cannot form a new "
+            "group of the ranks left."
+        )
 
     @property
     @override
@@ -46,3 +84,7 @@ class MemberCollective(Collective):
     @override
     def created_group(self) -> bool:
         return self._created
+
+
+def _nothing() -> str:
+    return ""

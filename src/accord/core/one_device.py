@@ -13,6 +13,8 @@ import torch
 from typing_extensions import override
 
 from accord.core.strategy import Strategy
+from accord.environments.cluster_environment import ClusterEnvironment
+from accord.errors import ConfigurationError
 
 __all__ = ["OneDeviceStrategy"]
 
@@ -30,6 +32,23 @@ class OneDeviceStrategy(Strategy):
     @override
     def root_device(self) -> torch.device:
         return self.device
+
+    @override
+    def configure_devices(
+        self, devices: list[torch.device], num_nodes: int, environment: ClusterEnvironment
+    ) -> None:
+        """Train on the one device named; one process needs no cluster environment.
+
+        Raises:
+            ConfigurationError: more than one device, or more than one node.
+        """
+        if len(devices) > 1 or num_nodes > 1:
+            raise ConfigurationError(
+                f"{type(self).__name__} trains on one device, but the Trainer's devices= and "
+                f"num_nodes={num_nodes} ask for {len(devices) * num_nodes}. Use "
+                "strategy='ddp', or devices=1."
+            )
+        self.device = devices[0]
 
     @override
     def collective_setup_kwargs(self) -> dict[str, Any]:

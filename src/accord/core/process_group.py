@@ -3,184 +3,43 @@
 Every collective whose ops run on a torch.distributed group (`TorchCollective`,
 `DeepSpeedCollective`) shares the same life: ``setup()`` creates the default group, or
 joins one that already exists (torchrun, a user's ``init_process_group``, another
-collective) and records which; the rank, world size and rendezvous address come from its
-arguments or the ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` environment; a new
-group meets on one store per process (`init_group_on_shared_store`); ``teardown()``
-destroys only what ``setup()`` created, and is idempotent. With ``ACCORD_COLLECTIVE_TIMEOUT``
-set, a group ``setup()`` creates times its ops out after that many seconds, and a backend
-timeout inside an op is raised as `CollectiveTimeoutError` (`backend_timeouts`). A subclass supplies its
-primitives and, where its engine needs them, the hooks `_prepare`, `_join`,
-`_init_with_method` and `_destroy`.
+collective) and records which; ``teardown()`` destroys only what ``setup()`` created, and
+is idempotent. A subclass supplies its primitives and, where its engine needs them, the
+hooks `_prepare`, `_join`, `_init_with_method` and `_destroy`.
 
-The tensors an op hands to the backend go through `ProcessGroupCollective._lend`, which
-keeps them until gloo's worker threads let go (`accord.core.lending`); ``teardown()`` waits
-for that, so a process never aborts at exit over an op's tensors, and a process that set up
-a group of several ranks leaves the GIL free for a moment at exit, for what else those
-threads still hold (`accord.core.lending.settle_at_exit`).
+What a new group needs comes from the modules beside this one: where it meets
+(`accord.core.rendezvous_address`: the arguments, else ``RANK``/``WORLD_SIZE``/
+``MASTER_ADDR``/``MASTER_PORT``), the store it meets on (`accord.core.rendezvous`), how
+long its ops may wait and what a backend timeout inside one becomes
+(`accord.core.timeouts`: ``ACCORD_COLLECTIVE_TIMEOUT``, `BackendTimeouts`), and what keeps
+an op's tensors alive until gloo's worker threads let go (`accord.core.backend_threads`;
+``teardown()`` waits for that, so a process never aborts at exit over an op's tensors).
 
 torch.distributed is imported when a group is set up, not when this module is.
 """
 
 from __future__ import annotations
 
-import os
-import re
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
 from typing_extensions import Self, override
 
-from accord.core.lending import LentTensors, settle_at_exit
+from accord.core.backend_threads import LentTensors, settle_at_exit
+from accord.core.connections import GroupConnections
+from accord.core.liveness import Liveness, lost_ranks_error, members_prefix
 from accord.core.membership import MemberCollective
-from accord.core.rendezvous import init_group_on_shared_store
-from accord.errors import CollectiveError, CollectiveTimeoutError, ConfigurationError
+from accord.core.regroup import Regrouped, Regrouping
+from accord.core.rendezvous import init_group_on_prefix, init_group_on_shared_store
+from accord.core.rendezvous_address import Rendezvous, find_rendezvous
+from accord.core.timeouts import BackendTimeouts, as_timedelta, timeout_from_env
+from accord.errors import AccordError, CollectiveError, ConfigurationError, is_communication_error
 
 if TYPE_CHECKING:
+    import torch
     from torch.distributed import ProcessGroup
 
-__all__ = [
-    "DEFAULT_TIMEOUT",
-    "TIMEOUT_ENV_VAR",
-    "ProcessGroupCollective",
-    "Rendezvous",
-    "as_timedelta",
-    "BackendTimeouts",
-    "backend_timeouts",
-    "byte_view",
-    "timeout_from_env",
-]
-
-DEFAULT_TIMEOUT = timedelta(minutes=30)
-"""How long an op may wait for the other ranks before it fails (torch's own default)."""
-
-TIMEOUT_ENV_VAR = "ACCORD_COLLECTIVE_TIMEOUT"
-"""Seconds; when set, the watchdog's wait and the op timeout of every group accord creates."""
-
-# How gloo (and torch's own wait) say that an op ran out of time.
-_TIMED_OUT = re.compile(r"timed out|timeout", re.IGNORECASE)
-
-
-def timeout_from_env() -> timedelta | None:
-    """``ACCORD_COLLECTIVE_TIMEOUT`` as a timedelta; None when it is unset, empty or ``0``
-    (negative values count as off too).
-
-    Raises:
-        ConfigurationError: the variable is not a number of seconds.
-    """
-    raw = os.environ.get(TIMEOUT_ENV_VAR, "").strip()
-    if not raw:
-        return None
-    try:
-        seconds = float(raw)
-    except ValueError:
-        raise ConfigurationError(
-            f"{TIMEOUT_ENV_VAR}={raw!r} is not a number of seconds; use e.g. 300, or 0 for off."
-        ) from None
-    return timedelta(seconds=seconds) if seconds > 0 else None
-
-
-class BackendTimeouts:
-    """A context manager that raises a backend's own timeout inside ``op`` as
-    `CollectiveTimeoutError` naming ``op``; other errors pass through unchanged.
-
-    Every rank may have called ``op`` and still not finish it: gloo waits for bytes a rank
-    with a different shape never sends. A class rather than a generator, so that a
-    collective keeps one per op and entering it costs two plain method calls.
-
-    Args:
-        op: the operation's public name, for the message.
-        rank: this rank, for the message.
-        timeout: the group's op timeout, for the message.
-    """
-
-    __slots__ = ("op", "rank", "timeout")
-
-    def __init__(self, op: str, rank: int, timeout: timedelta) -> None:
-        self.op = op
-        self.rank = rank
-        self.timeout = timeout
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, _: Any) -> None:
-        if err is not None:
-            self.raise_timeout(err)
-
-    def raise_timeout(self, err: BaseException) -> None:
-        """Raise ``err`` as `CollectiveTimeoutError` if it is the backend's timeout; return
-        otherwise (the caller re-raises it as it is). For a hot path that catches the
-        backend's error itself instead of entering the guard."""
-        if not isinstance(err, RuntimeError) or isinstance(err, CollectiveError):
-            return
-        if not _TIMED_OUT.search(str(err)):
-            return
-        raise CollectiveTimeoutError(
-            f"Rank {self.rank}: {self.op} did not complete within the process group's timeout "
-            f"of {self.timeout.total_seconds():g} s. Either a rank never called it, or the ranks "
-            "called it with different shapes, dtypes or roots (the backend then waits for "
-            "data that never comes), or a rank stopped inside it. Run with "
-            f"ACCORD_DEBUG_COLLECTIVES=1 to compare every call across ranks. The backend "
-            f"said: {err}",
-            op=self.op,
-            rank=self.rank,
-        ) from err
-
-
-def backend_timeouts(op: str, rank: int, timeout: timedelta) -> BackendTimeouts:
-    """A `BackendTimeouts` for ``op`` on ``rank``: a backend timeout inside it becomes
-    `CollectiveTimeoutError` naming ``op``."""
-    return BackendTimeouts(op, rank, timeout)
-
-
-def as_timedelta(timeout: timedelta | float | None) -> timedelta:
-    """``timeout`` (seconds or a timedelta; None: `DEFAULT_TIMEOUT`) as a positive timedelta.
-
-    Raises:
-        TypeError: neither a number nor a timedelta.
-        ValueError: zero or negative.
-    """
-    if timeout is None:
-        return DEFAULT_TIMEOUT
-    if isinstance(timeout, timedelta):
-        value = timeout
-    elif isinstance(timeout, int | float) and not isinstance(timeout, bool):
-        value = timedelta(seconds=float(timeout))
-    else:
-        raise TypeError(f"timeout must be a number of seconds or a timedelta, got {timeout!r}.")
-    if value.total_seconds() <= 0:
-        raise ValueError(f"timeout must be positive, got {value}.")
-    return value
-
-
-def byte_view(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` as the buffer a data-movement op sends: bool as uint8 of the same size.
-
-    Broadcast, gather and the other ops that only copy bytes accept every dtype this way;
-    bool is not a gloo type.
-    """
-    return tensor.view(torch.uint8) if tensor.dtype == torch.bool else tensor
-
-
-@dataclass(frozen=True)
-class Rendezvous:
-    """How a new default group meets: this rank, the world size, and where.
-
-    Attributes:
-        rank: this process's rank in the new group.
-        world_size: the number of ranks.
-        address: the host that serves the rendezvous store (rank 0's).
-        port: its port (-1 when ``init_method`` replaces it).
-        init_method: a torch ``init_method`` URL that replaces ``address:port``, or None.
-    """
-
-    rank: int
-    world_size: int
-    address: str
-    port: int
-    init_method: str | None = None
+__all__ = ["ProcessGroupCollective"]
 
 
 class ProcessGroupCollective(MemberCollective):
@@ -218,6 +77,10 @@ class ProcessGroupCollective(MemberCollective):
         self._group: ProcessGroup | None = None
         self._lent = LentTensors()
         self._guards: dict[str, BackendTimeouts] = {}
+        self.liveness: Liveness | None = None
+        self._regrouping: Regrouping | None = None
+        self._connections = GroupConnections()
+        self._meeting: Rendezvous | None = None
         super().__init__()
 
     # ----------------------------------------------------------------- identity
@@ -304,22 +167,38 @@ class ProcessGroupCollective(MemberCollective):
             if meeting.init_method is not None:
                 self._init_with_method(backend, meeting)
             else:
-                init_group_on_shared_store(
+                store, prefix = init_group_on_shared_store(
                     backend,
                     meeting.address,
                     meeting.port,
                     meeting.rank,
                     meeting.world_size,
                     self.timeout,
+                    self._connections,
                 )
                 self._join()
+                self._start_heartbeat(meeting)
+                self._meeting = meeting
+                self._regrouping = Regrouping(
+                    store,
+                    prefix,
+                    members_prefix(),
+                    meeting.rank,
+                    range(meeting.world_size),
+                    self.timeout,
+                )
             self._created = True
         self._rank = dist.get_rank(self._group)
         self._world_size = dist.get_world_size(self._group)
         if self._world_size > 1:
             settle_at_exit()  # the backend's threads may hold Python objects at exit
         self._ready = True
+        self._adopt()
         return self
+
+    def _adopt(self) -> None:
+        """Run once the group is ready (after `setup`, and after `regroup` made a new one):
+        a subclass caches what its ops use of the group."""
 
     def rendezvous(
         self,
@@ -328,34 +207,16 @@ class ProcessGroupCollective(MemberCollective):
         main_address: str | None = None,
         main_port: int | None = None,
     ) -> Rendezvous:
-        """Where a new group would meet: the arguments given, else the environment.
-
-        With no port given or set and a world of one, a free port is picked.
+        """Where a new group would meet: the arguments given, else the environment
+        (`accord.core.rendezvous_address.find_rendezvous`).
 
         Raises:
             ConfigurationError: a non-integer variable, a rank outside the world, or a
                 multi-rank world without a port.
         """
-        rank = _env_int("RANK", rank, default=0)
-        world_size = _env_int("WORLD_SIZE", world_size, default=1)
-        if not 0 <= rank < world_size:
-            raise ConfigurationError(
-                f"rank={rank} is outside [0, world_size={world_size}). Check RANK/WORLD_SIZE."
-            )
-        address = main_address or os.environ.get("MASTER_ADDR", "127.0.0.1")
-        if self._init_method is not None:
-            return Rendezvous(rank, world_size, address, -1, self._init_method)
-        port = main_port if main_port is not None else _env_int("MASTER_PORT", None, default=-1)
-        if port < 0:
-            if world_size > 1:
-                raise ConfigurationError(
-                    f"{type(self).__name__}.setup() needs a port for a multi-rank group: set "
-                    "MASTER_PORT or pass main_port= (every rank must use the same one)."
-                )
-            from accord.environments.local import find_free_port
-
-            port = find_free_port()
-        return Rendezvous(rank, world_size, address, port)
+        return find_rendezvous(
+            type(self).__name__, rank, world_size, main_address, main_port, self._init_method
+        )
 
     @override
     def teardown(self) -> Self:
@@ -369,12 +230,103 @@ class ProcessGroupCollective(MemberCollective):
         import torch.distributed as dist
 
         self._lent.collect()
+        if self.liveness is not None:
+            self.liveness.stop()
+            self.liveness = None
+        self._regrouping = self._meeting = None
         if self._created and dist.is_initialized():
             self._destroy()
         self._ready = False
         self._created = False
         self._rank = self._world_size = -1
         return self
+
+    # ---------------------------------------------------------------- liveness
+    def _start_heartbeat(self, meeting: Rendezvous) -> None:
+        """Keep this rank's heartbeat on the store the group met on (several ranks only)."""
+        if meeting.world_size < 2:
+            return
+        self.liveness = Liveness(
+            meeting.address,
+            meeting.port,
+            members_prefix(),
+            meeting.rank,
+            range(meeting.world_size),
+        )
+        self.liveness.start(lambda: self._progress())
+
+    @override
+    def diagnose(self, error: BaseException, where: str) -> AccordError | None:
+        """Name who the failed wait was on: the ranks whose heartbeat stopped (dead or
+        frozen: `RankFailureError`), else the ranks that are alive but elsewhere
+        (`CollectiveTimeoutError`), with what every rank was doing."""
+        liveness = self.liveness
+        if liveness is None or not is_communication_error(error):
+            return None
+        return lost_ranks_error(liveness.survey(), self._rank, where, error)
+
+    # ----------------------------------------------------------------- regroup
+    @property
+    @override
+    def can_regroup(self) -> bool:
+        """Whether `regroup` works: this collective created the default group of several
+        ranks on a shared rendezvous store (not under a user's ``init_method``)."""
+        return self._regrouping is not None and self._group is None
+
+    @property
+    def member(self) -> int:
+        """This process's member id: its rank when the group first formed."""
+        return self._regrouping.member if self._regrouping is not None else self.rank
+
+    @override
+    def regroup(self, progress: dict[str, Any]) -> Regrouped:
+        """After a failed wait: drop the group, agree with the other survivors on who is
+        left (`accord.core.regroup`), and form a new default group of them on a fresh key
+        prefix. Every survivor must call it; ``progress`` is what this rank tells the
+        others about itself (it comes back in the result). The rank and world size follow
+        the new group.
+
+        Raises:
+            CollectiveError: this collective cannot regroup (see `can_regroup`).
+            accord.core.regroup.Excluded: the others went on without this rank.
+            RankFailureError: the rendezvous store is gone.
+        """
+        import torch.distributed as dist
+
+        regrouping, meeting = self._regrouping, self._meeting
+        if regrouping is None or meeting is None or self._group is not None:
+            raise CollectiveError(
+                f"{type(self).__name__} cannot regroup: only a group it created itself on "
+                "the rendezvous store can (not one joined from a user's init_process_group "
+                "or init_method, nor a sub-group)."
+            )
+        self._lent.collect()
+        # Closing this rank's connections ends the others' waits on it at once.
+        self._connections.sever()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        regrouped = regrouping.agree(progress)
+        rank = regrouped.rank_of(regrouping.member)
+        self._rank, self._world_size = rank, len(regrouped.members)
+        self._prepare(rank)
+        init_group_on_prefix(
+            self._backend or self._default_backend(),
+            regrouping.store,
+            regrouping.group_prefix(),
+            meeting.address,
+            meeting.port,
+            rank,
+            len(regrouped.members),
+            self.timeout,
+            self._connections,
+        )
+        self._join()
+        self._rank = dist.get_rank()
+        self._world_size = dist.get_world_size()
+        if self.liveness is not None:
+            self.liveness.members = regrouped.members
+        self._adopt()
+        return regrouped
 
     # -------------------------------------------------------- hooks for engines
     def _default_backend(self) -> str:
@@ -404,17 +356,3 @@ class ProcessGroupCollective(MemberCollective):
         import torch.distributed as dist
 
         dist.destroy_process_group(self._group)
-
-
-def _env_int(name: str, value: int | None, *, default: int) -> int:
-    if value is not None:
-        return value
-    raw = os.environ.get(name)
-    if raw is None or not raw.strip():
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigurationError(
-            f"Environment variable {name}={raw!r} is not an integer."
-        ) from None

@@ -23,11 +23,18 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from accord.errors import CollectiveError, CollectiveTimeoutError, ConfigurationError
+from accord.core.connections import GroupConnections
+from accord.core.env_vars import env_number
+from accord.errors import CollectiveError, CollectiveTimeoutError
 
 __all__ = [
     "DEFAULT_RENDEZVOUS_TIMEOUT",
+    "LAUNCHER_STORE_ENV_VAR",
+    "launcher_serves_store",
+    "serve_store",
+    "attempt_prefix",
     "RENDEZVOUS_TIMEOUT_ENV_VAR",
+    "init_group_on_prefix",
     "init_group_on_shared_store",
     "listen_on_loopback",
     "rendezvous_timeout",
@@ -52,18 +59,8 @@ def rendezvous_timeout() -> timedelta:
     Raises:
         ConfigurationError: the variable is not a positive number.
     """
-    raw = os.environ.get(RENDEZVOUS_TIMEOUT_ENV_VAR)
-    if raw is None or not raw.strip():
-        return DEFAULT_RENDEZVOUS_TIMEOUT
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise ConfigurationError(
-            f"{RENDEZVOUS_TIMEOUT_ENV_VAR}={raw!r} must be a positive number of seconds."
-        )
-    return timedelta(seconds=seconds)
+    seconds = env_number(RENDEZVOUS_TIMEOUT_ENV_VAR, float, None, positive=True, unit="seconds")
+    return DEFAULT_RENDEZVOUS_TIMEOUT if seconds is None else timedelta(seconds=seconds)
 
 
 def listen_on_loopback(address: str, port: int) -> int | None:
@@ -162,21 +159,29 @@ def _rendezvous_store(address: str, port: int, host: bool, timeout: timedelta) -
 
 
 def init_group_on_shared_store(
-    backend: str, address: str, port: int, rank: int, world_size: int, timeout: timedelta
-) -> None:
-    """Create the default process group on this process's store for ``address:port``.
+    backend: str,
+    address: str,
+    port: int,
+    rank: int,
+    world_size: int,
+    timeout: timedelta,
+    connections: GroupConnections | None = None,
+) -> tuple[Any, str]:
+    """Create the default process group on this process's store for ``address:port``;
+    return the store and the group's key prefix on it.
 
     The ranks first wait for each other on the store, at most `rendezvous_timeout()`; a
     rank that cannot reach the store, or ranks that never arrive, end the wait with a
     `CollectiveTimeoutError` naming the address and the missing ranks. ``timeout`` then
-    bounds every op of the group.
+    bounds every op of the group. ``connections`` notes the sockets the group opens.
     """
     import torch.distributed as dist
 
     wait = rendezvous_timeout()
     try:
-        # Under torchrun the agent serves the store on MASTER_PORT; every rank joins it.
-        host = rank == 0 and not _agent_serves_store()
+        # Under torchrun the agent serves the store on MASTER_PORT (and under accord's
+        # ddp_spawn with on_rank_loss="continue", the launching process); every rank joins.
+        host = rank == 0 and not _agent_serves_store() and not launcher_serves_store()
         store, generation = _rendezvous_store(address, port, host, wait)
     except dist.DistNetworkError as err:
         if rank == 0:  # rank 0 serves the store: it could not listen there
@@ -190,7 +195,32 @@ def init_group_on_shared_store(
             rank=rank,
             missing_ranks=[0],
         ) from err
-    prefix = f"{_attempt_prefix()}accord/{generation}/"
+    prefix = f"{attempt_prefix()}accord/{generation}/"
+    init_group_on_prefix(
+        backend, store, prefix, address, port, rank, world_size, timeout, connections
+    )
+    return store, prefix
+
+
+def init_group_on_prefix(
+    backend: str,
+    store: Any,
+    prefix: str,
+    address: str,
+    port: int,
+    rank: int,
+    world_size: int,
+    timeout: timedelta,
+    connections: GroupConnections | None = None,
+) -> None:
+    """Create the default process group on ``store``'s keys under ``prefix`` (a prefix no
+    group used before), once every rank checked in there (see `init_group_on_shared_store`;
+    ``address`` and ``port`` are where the store is served, for the messages).
+    ``connections`` notes the sockets the group opens."""
+    import torch.distributed as dist
+
+    wait = rendezvous_timeout()
+    store.set_timeout(wait)
     group_store = dist.PrefixStore(prefix, store)  # type: ignore[attr-defined]
     _wait_for_every_rank(group_store, address, port, rank, world_size, wait)
     # From here on the store serves the group's own traffic (gloo's connections, sub-groups),
@@ -198,9 +228,13 @@ def init_group_on_shared_store(
     store.set_timeout(timeout)
     if "gloo" in backend and _loopback(address, port) is not None:
         _gloo_on_loopback()
+    if connections is not None:
+        connections.before()
     dist.init_process_group(
         backend, store=group_store, rank=rank, world_size=world_size, timeout=timeout
     )
+    if connections is not None:
+        connections.after(port)
 
 
 def _agent_serves_store() -> bool:
@@ -209,7 +243,32 @@ def _agent_serves_store() -> bool:
     return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
 
 
-def _attempt_prefix() -> str:
+LAUNCHER_STORE_ENV_VAR = "ACCORD_LAUNCHER_SERVES_STORE"
+"""Set to ``1`` by a launcher that serves the rendezvous store itself on ``MASTER_PORT``
+(so it outlives every rank), for the ranks it starts: then no rank serves one."""
+
+
+def launcher_serves_store() -> bool:
+    """Whether the launcher that started this rank serves the store (`LAUNCHER_STORE_ENV_VAR`)."""
+    return os.environ.get(LAUNCHER_STORE_ENV_VAR) == "1"
+
+
+def serve_store(address: str, port: int) -> Any:
+    """Serve a rendezvous store on ``address:port`` in this process, for ranks started with
+    `LAUNCHER_STORE_ENV_VAR` set; it lives as long as the returned object."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(  # type: ignore[attr-defined]
+        address,
+        port,
+        is_master=True,
+        timeout=rendezvous_timeout(),
+        wait_for_workers=False,
+        master_listen_fd=listen_on_loopback(address, port),
+    )
+
+
+def attempt_prefix() -> str:
     """A key prefix per torchelastic attempt, or ``""`` outside torchrun's agent store.
 
     The agent's store outlives a restarted group: the keys of an earlier attempt (its

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import contextlib
 from abc import abstractmethod
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
 from lightning_utilities.core.rank_zero import rank_zero_only
 from torch import nn
 
 from accord.accelerators.accelerator import Accelerator
-from accord.accelerators.cpu import CPUAccelerator
-from accord.core.buffers import all_gather_uneven, move_to_device
-from accord.core.checkpointing import StrategyCheckpointing
-from accord.core.collective import Collective, ReduceOpLike
+from accord.core.buffers import move_to_device
+from accord.core.collective import Collective
+from accord.core.communication import StrategyCommunication
 from accord.core.run_settings import RunSettings
+from accord.core.strategy_checkpoints import StrategyCheckpointing
+from accord.core.sync_batchnorm import convert_sync_batchnorm
+from accord.core.training import StrategyTraining
 from accord.core.wrappers.policy import wrap_collective
 from accord.core.wrappers.stats import CollectiveStats, InstrumentedCollective
 from accord.core.wrappers.wrapper import unwrap
@@ -42,7 +44,7 @@ _C = TypeVar("_C", bound=Collective)
 _NO_CONTEXT = contextlib.nullcontext()
 
 
-class Strategy(StrategyCheckpointing):
+class Strategy(StrategyTraining, StrategyCommunication, StrategyCheckpointing):
     """Base class of every strategy.
 
     Args:
@@ -60,13 +62,18 @@ class Strategy(StrategyCheckpointing):
     communication functions except through ``self.collective``.
     """
 
+    survives_rank_loss: ClassVar[bool] = False
+    """Whether a fit can go on without a lost rank (``Trainer(on_rank_loss="continue")``):
+    every rank holds the whole training state, and `rewrap` wraps the module for the
+    group the survivors form."""
+
     def __init__(
         self,
         accelerator: Accelerator | None = None,
+        *,
         collective: Collective | None = None,
         cluster_environment: ClusterEnvironment | None = None,
         precision: Precision | None = None,
-        *,
         debug: bool = False,
     ) -> None:
         self.accelerator = accelerator
@@ -92,6 +99,16 @@ class Strategy(StrategyCheckpointing):
         """
         return False
 
+    @property
+    def compile_refusal(self) -> str | None:
+        """Why this strategy cannot train a ``torch.compile``'d model, or None where it can.
+
+        None by default. The Trainer refuses a model compiled whole, or one holding
+        compiled parts, with this reason before any process starts; a strategy that
+        cannot run compiled code (DataParallel's replicas, XLA's own graphs) says why here.
+        """
+        return None
+
     # ------------------------------------------------------------- the collective
     @abstractmethod
     def default_collective(self) -> Collective:
@@ -115,6 +132,7 @@ class Strategy(StrategyCheckpointing):
                 given if given is not None else self.default_collective(),
                 debug=self.debug,
                 stats=self.collective_stats,
+                watchdog=self.run_settings.on_rank_loss != "continue",
             )
         return self._collective
 
@@ -168,6 +186,8 @@ class Strategy(StrategyCheckpointing):
         """Rank of this process among all processes."""
         if self._collective is not None and self._collective.is_setup:
             return self._collective.rank
+        if self.membership is not None:
+            return self.membership[0]
         env = self.cluster_environment
         return env.global_rank() if env is not None else 0
 
@@ -188,6 +208,8 @@ class Strategy(StrategyCheckpointing):
         """Number of processes taking part."""
         if self._collective is not None and self._collective.is_setup:
             return self._collective.world_size
+        if self.membership is not None:
+            return self.membership[1]
         env = self.cluster_environment
         return env.world_size() if env is not None else 1
 
@@ -207,17 +229,40 @@ class Strategy(StrategyCheckpointing):
         return None
 
     # ----------------------------------------------------------------- lifecycle
+    def configure_devices(
+        self, devices: list[torch.device], num_nodes: int, environment: ClusterEnvironment
+    ) -> None:
+        """Take the devices the Trainer's ``devices=`` names on this machine, its
+        ``num_nodes=``, and the cluster environment it detected (kept unless one was given).
+
+        Each kind of strategy refuses what it cannot train on here, before any process
+        starts.
+
+        Raises:
+            ConfigurationError: a device count this strategy cannot train on.
+        """
+        if self.cluster_environment is None:
+            self.cluster_environment = environment
+
     def configure_launcher(self) -> None:
         """Decide `launcher`; called once the Trainer has filled in devices and environment."""
 
     def configure_run(self, settings: RunSettings) -> None:
-        """Take the Trainer's settings for the run about to start (before `setup_module`)."""
+        """Take the Trainer's settings for the run about to start (before
+        `setup_environment`)."""
+        wrapped = self._collective
+        if (
+            wrapped is not None
+            and not wrapped.is_setup
+            and settings.on_rank_loss != self.run_settings.on_rank_loss
+        ):
+            self._collective = None  # wrapped again: with or without the watchdog
         self.run_settings = settings
 
     def setup_environment(self) -> None:
         """Prepare the device and set the collective up (create or join the group)."""
-        accelerator = self.accelerator or CPUAccelerator()
-        accelerator.setup_device(self.root_device)
+        if self.accelerator is not None:  # a strategy used without a Trainer may have none
+            self.accelerator.setup_device(self.root_device)
         self.collective.setup(**self.collective_setup_kwargs())
         # lightning_utilities' rank_zero_* helpers print on this process's global rank.
         rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]
@@ -234,14 +279,30 @@ class Strategy(StrategyCheckpointing):
         """
 
     def setup_module(self, module: nn.Module) -> nn.Module:
-        """Move ``module`` to the device and wrap it as the strategy needs."""
+        """Move ``module`` to the device and wrap it as the strategy needs; with
+        ``sync_batchnorm`` in the run's settings, its BatchNorm layers compute their
+        statistics over all ranks first (`accord.core.sync_batchnorm`)."""
+        if self.run_settings.sync_batchnorm:
+            module = convert_sync_batchnorm(module, self.collective)
         return self.precision.convert_module(module.to(self.root_device))
+
+    def rewrap(self, module: nn.Module) -> nn.Module:
+        """``module`` (as `setup_module` returned it) wrapped anew for the group the
+        collective has after `regroup`: a strategy whose wrapper holds the old group
+        replaces it; the default returns ``module``. Every rank of the new group calls it."""
+        return module
 
     def setup_optimizers(
         self, module: nn.Module, optimizers: list[torch.optim.Optimizer]
     ) -> list[torch.optim.Optimizer]:
         """Wrap or replace the optimizers (most strategies keep them)."""
         return optimizers
+
+    def on_exception(self, exception: BaseException) -> None:
+        """The run failed on this rank with ``exception``: the collective will not wait for
+        the other ranks when it is torn down (they may be gone)."""
+        if self._collective is not None:
+            self._collective.abandon()
 
     def teardown(self) -> None:
         """Release the collective (only what it created), the device and the environment."""
@@ -251,88 +312,6 @@ class Strategy(StrategyCheckpointing):
             self.accelerator.teardown()
         if self.cluster_environment is not None:
             self.cluster_environment.teardown()
-
-    # ------------------------------------------------------------ training step
-    def batch_to_device(self, batch: Any) -> Any:
-        """Move every tensor in ``batch`` (nested lists, tuples, dicts) to `root_device`.
-
-        In a true-precision mode (``bf16-true``, ``16-true``) its floating-point tensors
-        also take the module's dtype (`Precision.convert_input`); in the other modes that
-        returns the batch at once, so the step pays nothing for it.
-        """
-        # Move first, then cast: a pinned CPU batch is copied asynchronously and the cast
-        # runs on the device, instead of a synchronous copy of a fresh unpinned CPU tensor.
-        return self.precision.convert_input(move_to_device(batch, self.root_device))
-
-    def on_train_batch_start(self, batch_idx: int, last: bool) -> None:
-        """The Trainer starts training batch ``batch_idx``; ``last``: the epoch's last one."""
-
-    def forward_context(self) -> contextlib.AbstractContextManager[Any]:
-        """Context for forward passes (autocast for mixed precision)."""
-        return self.precision.forward_context()
-
-    def step(self, model: nn.Module, name: str, *args: Any) -> Any:
-        """Run the user's step hook ``name`` (``"training_step"``, ...) through ``model``.
-
-        Strategies whose wrapper must see the call (DDP, DP) route it through the
-        wrapper's ``forward``; the default calls the hook on the unwrapped module.
-        """
-        return getattr(self.unwrap(model), name)(*args)
-
-    def backward(self, loss: torch.Tensor, module: nn.Module) -> None:
-        """Backpropagate ``loss``."""
-        self.precision.backward(loss)
-
-    def carries_step_decision(self, module: nn.Module) -> bool:
-        """Whether the gradient synchronisation of ``module``'s backward carries the loop's
-        per-batch decision (a skipped batch, a non-finite loss, a preemption signal).
-
-        Where True, every backward the training loop runs goes through
-        `step_decision_term`, and with one batch per optimizer step the loop reads the
-        decision after backward (`read_step_decision`) instead of agreeing through the
-        collective first: a rank whose ``training_step`` returned None backpropagates the
-        term alone, and a batch some rank skipped has its gradients dropped on every rank.
-        The default, False: the ranks agree through the collective before backward.
-        """
-        return False
-
-    def step_decision_term(
-        self, module: nn.Module, bits: int | torch.Tensor, loss: torch.Tensor | None
-    ) -> torch.Tensor:
-        """What the loop backpropagates where `carries_step_decision`: ``loss`` (or, for a
-        skipped batch, zero through every trainable parameter) plus a zero-valued term
-        whose gradient is this rank's ``bits``."""
-        raise NotImplementedError(f"{type(self).__name__} does not carry the step decision.")
-
-    def read_step_decision(self, module: nn.Module) -> list[int]:
-        """After the synchronised backward: every rank's bits, by rank (and clear them)."""
-        raise NotImplementedError(f"{type(self).__name__} does not carry the step decision.")
-
-    def no_backward_sync(
-        self, module: nn.Module, enabled: bool
-    ) -> contextlib.AbstractContextManager[Any]:
-        """Skip gradient synchronisation while ``enabled`` (between accumulation steps).
-
-        Under manual optimization the forward and the backward both run inside
-        ``training_step``; there the context may be entered around the backward alone
-        (`ManualOptimizer.toggle_model` with ``sync_grad=False``).
-        """
-        return _NO_CONTEXT
-
-    def clip_gradients(
-        self, module: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float
-    ) -> torch.Tensor:
-        """Clip the gradients of ``module`` to total norm ``max_norm``; return the norm."""
-        self.precision.unscale_gradients(optimizer)
-        return torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm)
-
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, module: nn.Module) -> None:
-        """Apply one optimizer step."""
-        self.precision.optimizer_step(optimizer)
-
-    def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
-        """Divide a loss scaler's factor out of ``optimizer``'s gradients (if one is used)."""
-        self.precision.unscale_gradients(optimizer)
 
     def check_precision(self, mode: PrecisionMode, device: torch.device) -> None:
         """Refuse a precision this strategy cannot run on ``device``, before any process starts.
@@ -344,74 +323,6 @@ class Strategy(StrategyCheckpointing):
             raise ConfigurationError(
                 "precision='16-mixed' needs a CUDA device; on CPU use precision='bf16-mixed'."
             )
-
-    def zero_grad(self, optimizer: torch.optim.Optimizer, module: nn.Module) -> None:
-        """Clear the gradients after a step."""
-        optimizer.zero_grad(set_to_none=True)
-
-    def unwrap(self, module: nn.Module) -> nn.Module:
-        """The user's module inside whatever wrapper `setup_module` added."""
-        return module
-
-    # ------------------------------------------------------------- communication
-    def reduce(self, tensor: torch.Tensor | float, op: ReduceOpLike = "mean") -> torch.Tensor:
-        """Reduce ``tensor`` (or a number) over all ranks; the input is not modified."""
-        if not isinstance(tensor, torch.Tensor):
-            tensor = torch.tensor(tensor, device=self.root_device)
-        return self.collective.all_reduce(tensor, op)
-
-    def broadcast(self, obj: T, src: int = 0) -> T:
-        """Return rank ``src``'s ``obj`` on every rank.
-
-        A tensor travels as a tensor and must have the same shape and dtype on every rank;
-        anything else is pickled.
-        """
-        if isinstance(obj, torch.Tensor):
-            return self.collective.broadcast(obj, src)  # type: ignore[return-value]
-        return self.collective.broadcast_object(obj, src)  # type: ignore[no-any-return]
-
-    def all_gather(self, tensor: torch.Tensor, *, even: bool = False) -> torch.Tensor:
-        """Concatenate every rank's ``tensor`` along dim 0, in rank order.
-
-        First dimensions may differ between ranks (the tensors are padded to the longest,
-        gathered, and trimmed); the other dimensions and the dtype must agree. A 0-d
-        tensor counts as one element, so scalars gather to shape ``[world_size]``. Pass
-        ``even=True`` when every rank's shape is known to be the same: it skips the
-        exchange of lengths, so the gather is a single collective call.
-        """
-        return all_gather_uneven(self.collective.all_gather, tensor, even=even)
-
-    def gather_collective_stats(self) -> list[dict[str, dict[str, float]]]:
-        """Every rank's `collective_stats` summary, in rank order (every rank must call it).
-
-        Gathered on the collective inside the statistics wrapper, so the report does not
-        count itself.
-        """
-        summary = self.collective_stats.summary() if self.collective_stats is not None else {}
-        gathered: list[dict[str, dict[str, float]]] = self.base_collective.all_gather_object(
-            summary
-        )
-        return gathered
-
-    def barrier(self, name: str | None = None) -> None:
-        """Wait until every rank arrives."""
-        self.collective.barrier(name)
-
-    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
-        """Agree on one boolean across ranks, with a single ``all_reduce(sum)``.
-
-        Every rank contributes its ``decision`` as a one-element integer tensor and gets
-        the same answer, so no rank leaves a loop on its own while the others wait.
-
-        With ``all=True`` the result is True only when every rank said True; with
-        ``all=False`` it is True when any rank did. Example: EarlyStopping on 4 ranks where
-        only rank 2 wants to stop — ``all=True`` gives False on every rank, ``all=False``
-        gives True on every rank.
-        """
-        collective = self.collective
-        vote = torch.tensor([1 if decision else 0], dtype=torch.int32, device=self.root_device)
-        total = int(collective.all_reduce(vote, "sum", out=vote).item())
-        return total == collective.world_size if all else total > 0
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(collective={type(self.collective).__name__})"

@@ -9,6 +9,7 @@ import sys
 
 from typing_extensions import override
 
+from accord.core.env_vars import env_number
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
 
@@ -81,11 +82,11 @@ class LocalEnvironment(ClusterEnvironment):
 
     @override
     def local_rank(self) -> int:
-        return int(os.environ.get("LOCAL_RANK", 0))
+        return env_number("LOCAL_RANK", int, 0)
 
     @override
     def node_rank(self) -> int:
-        return int(os.environ.get("NODE_RANK", os.environ.get("GROUP_RANK", 0)))
+        return env_number("NODE_RANK", int, env_number("GROUP_RANK", int, 0))
 
     @override
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
 import subprocess
-import sys
 
 from typing_extensions import override
 
+from accord.core.env_vars import env_number
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
 
 __all__ = ["SLURMEnvironment"]
+
+_log = logging.getLogger(__name__)
 
 
 class SLURMEnvironment(ClusterEnvironment):
@@ -159,24 +162,13 @@ _STEP_STRIDE = 4099
 
 
 def _int_variable(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigurationError(
-            f"{name}={raw!r} is not an integer; SLURM sets it. Unset it, or start the job "
-            "with srun."
-        ) from None
+    return env_number(
+        name, int, default, hint="SLURM sets it. Unset it, or start the job with srun"
+    )
 
 
 def _requeue_failed(reason: str) -> bool:
-    print(
-        f"[accord] SLURMEnvironment: the job was not requeued: {reason}.",
-        file=sys.stderr,
-        flush=True,
-    )
+    _log.warning("SLURMEnvironment: the job was not requeued: %s.", reason)
     return False
 
 

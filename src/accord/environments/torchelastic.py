@@ -6,6 +6,7 @@ import os
 
 from typing_extensions import override
 
+from accord.core.env_vars import env_number
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
 
@@ -64,14 +65,12 @@ class TorchElasticEnvironment(ClusterEnvironment):
     @override
     def restart_count(self) -> int:
         """``TORCHELASTIC_RESTART_COUNT``: how often torchrun restarted the group (0 first)."""
-        raw = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0").strip() or "0"
-        try:
-            return int(raw)
-        except ValueError:
-            raise ConfigurationError(
-                f"TORCHELASTIC_RESTART_COUNT={raw!r} is not an integer; torchrun sets it. "
-                "Unset it, or start the job with torchrun."
-            ) from None
+        return env_number(
+            "TORCHELASTIC_RESTART_COUNT",
+            int,
+            0,
+            hint="torchrun sets it. Unset it, or start the job with torchrun",
+        )
 
     @override
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from accord.core.env_vars import env_number
+
 if TYPE_CHECKING:
     from accord.environments.cluster_environment import ClusterEnvironment
 
@@ -37,8 +39,17 @@ among them: Ctrl+C in a terminal reaches every process of the job already, and a
 zero interrupted alone stops the others through the launcher's failure handling."""
 
 
+PARENT_ENV = "ACCORD_PARENT_PID"
+"""Set in the ranks accord's own ``ddp`` launcher starts: the process id of the launching
+process (the children exit when it is gone)."""
+
+
 class Launcher(ABC):
     """Starts the local ranks, runs ``fn`` on each, and returns local rank zero's result."""
+
+    survive_rank_loss: bool = False
+    """When True, a rank that dies does not stop the others: the run goes on without it
+    (``Trainer(on_rank_loss="continue")`` sets it for a fit)."""
 
     @property
     def is_interactive_compatible(self) -> bool:
@@ -69,9 +80,8 @@ def threads_per_process(processes: int) -> int:
 
     An ``OMP_NUM_THREADS`` the user set wins.
     """
-    if "OMP_NUM_THREADS" in os.environ:
-        return max(1, int(os.environ["OMP_NUM_THREADS"]))
-    return max(1, (os.cpu_count() or 1) // max(1, processes))
+    default = (os.cpu_count() or 1) // max(1, processes)
+    return max(1, env_number("OMP_NUM_THREADS", int, default))
 
 
 def rank_environment(

@@ -11,6 +11,7 @@ passed on to the ranks; when the ranks stop for a preemption, `launch` raises `P
 from __future__ import annotations
 
 import inspect
+import logging
 import multiprocessing
 import os
 import pickle
@@ -24,9 +25,12 @@ from typing import Any, cast
 
 from typing_extensions import override
 
+from accord.core.regroup import Excluded
+from accord.core.rendezvous import LAUNCHER_STORE_ENV_VAR, serve_store
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.environments.local import find_free_port
 from accord.errors import (
+    EXCLUDED_EXIT_CODE,
     PREEMPTED_EXIT_CODE,
     ConfigurationError,
     Preempted,
@@ -39,13 +43,18 @@ from accord.launchers.launcher import (
     SignalForwarder,
     rank_environment,
 )
+from accord.launchers.loss_notes import LossNotes, cause_of
 
 __all__ = ["MultiprocessingLauncher"]
 
 _START_METHODS = ("spawn", "fork", "forkserver")
+_POLL_SECONDS = 0.2
+_log = logging.getLogger(__name__)
 
 
-def _worker(local_rank: int, env: dict[str, str], work: Any, conn: Connection) -> None:
+def _worker(
+    local_rank: int, env: dict[str, str], work: Any, conn: Connection, report_all: bool
+) -> None:
     os.environ.update(env, LOCAL_RANK=str(local_rank))
     # A forked rank inherits the launcher's forwarding handlers; a rank has its own.
     for sig in FORWARDED_SIGNALS:
@@ -61,16 +70,20 @@ def _worker(local_rank: int, env: dict[str, str], work: Any, conn: Connection) -
         result = fn(*args, **kwargs)
         # Plain pickle copies tensor data; torch's shared-memory reduction would hand over
         # file descriptors that vanish when this process exits.
-        body = pickle.dumps(result) if local_rank == 0 else None
-        conn.send(("ok", body, False))
+        body = pickle.dumps(result) if local_rank == 0 or report_all else None
+        conn.send(("ok", body, False, ()))
     except Preempted as stop:
-        conn.send(("preempted", (stop.checkpoint, stop.step, stop.signal_name), False))
+        conn.send(("preempted", (stop.checkpoint, stop.step, stop.signal_name), False, ()))
         raise SystemExit(PREEMPTED_EXIT_CODE) from None
+    except Excluded:
+        conn.send(("excluded", None, False, ()))
+        raise SystemExit(EXCLUDED_EXIT_CODE) from None
     except BaseException as err:
         # Classified here, where the exception object still exists: the launcher only gets
         # text, and must tell a rank that lost its peer from the rank that failed first.
         text = f"{type(err).__name__}: {err}\n{traceback.format_exc()}"
-        conn.send(("error", text, is_communication_error(err)))
+        lost = err.ranks if isinstance(err, RankFailureError) else ()
+        conn.send(("error", text, is_communication_error(err), tuple(lost)))
         raise SystemExit(1) from None
     finally:
         conn.close()
@@ -127,6 +140,12 @@ class MultiprocessingLauncher(Launcher):
         env = self.cluster_environment
         port = os.environ.get("MASTER_PORT") or str(find_free_port(env.main_address))
         shared = rank_environment(env, self.num_processes, self.num_nodes, port)
+        store = None
+        if self.survive_rank_loss:
+            # The store must outlive any rank, rank 0 included: this process serves it.
+            shared[LAUNCHER_STORE_ENV_VAR] = "1"
+            if env.node_rank() == 0:
+                store = serve_store(env.main_address, int(port))
         ctx = multiprocessing.get_context(self.start_method)
         work: Any = (fn, args, kwargs)
         if self.start_method != "fork":
@@ -142,7 +161,7 @@ class MultiprocessingLauncher(Launcher):
             receiver, sender = ctx.Pipe(duplex=False)
             proc = ctx.Process(  # type: ignore[attr-defined]
                 target=_worker,
-                args=(local_rank, shared, work, sender),
+                args=(local_rank, shared, work, sender, self.survive_rank_loss),
                 name=f"accord-rank-{local_rank}",
             )
             proc.start()
@@ -152,6 +171,8 @@ class MultiprocessingLauncher(Launcher):
         forwarder = SignalForwarder(lambda: [p.pid for p in procs if p.is_alive()])
         forwarder.install()
         try:
+            if self.survive_rank_loss:
+                return self._collect_surviving(procs, conns, LossNotes(env, store))
             return self._collect(procs, conns)
         finally:
             forwarder.restore()
@@ -184,6 +205,8 @@ class MultiprocessingLauncher(Launcher):
         rank_zero: Any = None
         preempted: tuple[str, int, str] | None = None
         deadline: float | None = None
+        first = self.cluster_environment.node_rank() * self.num_processes
+        lost: set[int] = set()  # local ranks another rank found dead or frozen
         while pending:
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
             if deadline is not None and timeout == 0.0:
@@ -194,7 +217,7 @@ class MultiprocessingLauncher(Launcher):
                 local_rank = next(r for r, c in pending.items() if c is conn)
                 del pending[local_rank]
                 try:
-                    status, body, communication = conn.recv()
+                    status, body, communication, ranks = conn.recv()
                 except EOFError:
                     procs[local_rank].join(1)
                     errors[local_rank] = _died(local_rank, procs[local_rank].exitcode)
@@ -206,14 +229,69 @@ class MultiprocessingLauncher(Launcher):
                         preempted = preempted or body
                     else:
                         errors[local_rank] = _Failure(local_rank, body, communication=communication)
+                        lost.update(r - first for r in ranks)
                 if errors and deadline is None:
                     # One rank failed; the rest get a short grace period, then are stopped.
                     deadline = time.monotonic() + self.failure_grace
+            if pending and set(pending) <= lost:
+                # Those left stopped answering (dead or frozen): no use waiting for them.
+                for local_rank in pending:
+                    errors[local_rank] = _froze(local_rank)
+                pending.clear()
         if errors:
             raise RankFailureError(_failure_report(list(errors.values()), sorted(pending)))
         if preempted is not None:
             raise Preempted(*preempted)
         return rank_zero
+
+    def _collect_surviving(
+        self, procs: list[Any], conns: list[Connection], notes: LossNotes
+    ) -> Any:
+        """`_collect` for a run that goes on without a lost rank: a rank that dies is
+        noted (`LossNotes`) and waited for no more, one the others left out is stopped;
+        the result is the lowest surviving local rank's. A rank that fails with an error
+        of its own still ends the run."""
+        pending = dict(enumerate(conns))
+        results: dict[int, bytes] = {}
+        errors: dict[int, _Failure] = {}
+        preempted: tuple[str, int, str] | None = None
+        first = self.cluster_environment.node_rank() * self.num_processes
+        while pending and not errors:
+            for item in wait(list(pending.values()), timeout=_POLL_SECONDS):
+                conn = cast(Connection, item)
+                local_rank = next(r for r, c in pending.items() if c is conn)
+                del pending[local_rank]
+                try:
+                    status, body, communication, _ = conn.recv()
+                except EOFError:
+                    procs[local_rank].join(1)
+                    code = procs[local_rank].exitcode
+                    code = -signal.SIGKILL if code is None else code
+                    _log.warning(
+                        "local rank %d (rank %d) ended (%s); the others go on without it.",
+                        local_rank,
+                        first + local_rank,
+                        cause_of(code),
+                    )
+                    notes.lost(first + local_rank, code)
+                    continue
+                if status == "ok":
+                    results[local_rank] = body
+                elif status == "preempted":
+                    preempted = preempted or body
+                elif status != "excluded":
+                    errors[local_rank] = _Failure(local_rank, body, communication=communication)
+            for local_rank in [r for r in pending if notes.left(first + r)]:
+                procs[local_rank].kill()
+                procs[local_rank].join()
+                del pending[local_rank]
+        if errors:
+            raise RankFailureError(_failure_report(list(errors.values()), sorted(pending)))
+        if preempted is not None:
+            raise Preempted(*preempted)
+        if not results:
+            raise RankFailureError("Every rank was lost: no rank finished the run.")
+        return pickle.loads(results[min(results)])
 
 
 @dataclass(frozen=True)
@@ -240,6 +318,14 @@ def _died(local_rank: int, code: int | None) -> _Failure:
     else:
         how = "died"
     return _Failure(local_rank, f"process {how} before reporting (exit code {code})", died=True)
+
+
+def _froze(local_rank: int) -> _Failure:
+    return _Failure(
+        local_rank,
+        "its heartbeat stood still (the process froze or hung): stopped by the launcher",
+        died=True,
+    )
 
 
 def _failure_report(failures: list[_Failure], stopped: list[int]) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import _thread
 import atexit
+import logging
 import os
 import signal
 import subprocess
@@ -27,6 +28,7 @@ from typing_extensions import override
 
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import (
+    EXCLUDED_EXIT_CODE,
     PREEMPTED_EXIT_CODE,
     ConfigurationError,
     NonFiniteValueError,
@@ -34,12 +36,18 @@ from accord.errors import (
     RankFailureError,
     is_communication_error,
 )
-from accord.launchers.launcher import Launcher, SignalForwarder, rank_environment
+from accord.launchers.launcher import PARENT_ENV, Launcher, SignalForwarder, rank_environment
+from accord.launchers.loss_notes import LossNotes
 
 __all__ = ["SubprocessScriptLauncher"]
 
-_PARENT_ENV = "ACCORD_PARENT_PID"
+_log = logging.getLogger(__name__)
+
+_PARENT_ENV = PARENT_ENV
 _POLL_SECONDS = 0.2
+# How a child may end without failing the run: done, stopped for a preemption, or left
+# out of its group by the others (on_rank_loss="continue").
+_FINE = (0, PREEMPTED_EXIT_CODE, EXCLUDED_EXIT_CODE)
 
 
 class SubprocessScriptLauncher(Launcher):
@@ -71,6 +79,8 @@ class SubprocessScriptLauncher(Launcher):
         self._failure: tuple[int, int] | None = None
         self._handling = False
         self._handled = threading.Event()
+        # The children lost while the run went on without them (local rank: exit code).
+        self._lost: dict[int, int] = {}
 
     @override
     def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -103,7 +113,7 @@ class SubprocessScriptLauncher(Launcher):
                 raise
             except BaseException as err:
                 failure = self._take_over()
-                if failure is None and is_communication_error(err):
+                if failure is None and is_communication_error(err) and not _names_lost(err):
                     # Rank 0 lost contact with a child: wait for the one that failed. One that
                     # raised may take seconds to exit on a busy machine, so the grace period.
                     failure = self._failed_child(self.failure_grace)
@@ -143,9 +153,7 @@ class SubprocessScriptLauncher(Launcher):
             failure = self._dead_child()
             if failure is not None:
                 return self._record(failure)
-            if time.monotonic() >= deadline or all(
-                c.poll() in (0, PREEMPTED_EXIT_CODE) for c in self.children
-            ):
+            if time.monotonic() >= deadline or all(c.poll() in _FINE for c in self.children):
                 return None
             time.sleep(_POLL_SECONDS / 4)
 
@@ -154,7 +162,7 @@ class SubprocessScriptLauncher(Launcher):
         dead = []
         for local_rank, child in enumerate(self.children, start=1):
             code = child.poll()
-            if code not in (None, 0, PREEMPTED_EXIT_CODE):
+            if code is not None and code not in _FINE and local_rank not in self._lost:
                 dead.append((local_rank, int(code)))
         # A rank killed by a signal did not see anything go wrong: the others that exited
         # with an error most likely lost contact with it.
@@ -176,11 +184,11 @@ class SubprocessScriptLauncher(Launcher):
                 return self._failure
             self._failure = failure
         local_rank, code = failure
-        print(
-            f"[accord] local rank {local_rank} {_how(code)}; stopping the other ranks "
-            "(its traceback, if it raised, is printed above).",
-            file=sys.stderr,
-            flush=True,
+        _log.error(
+            "local rank %d %s; stopping the other ranks (its traceback, if it raised, is "
+            "printed above).",
+            local_rank,
+            _how(code),
         )
         return failure
 
@@ -225,14 +233,50 @@ class SubprocessScriptLauncher(Launcher):
         watcher.start()
 
     def _watch_children(self) -> None:
+        notes = LossNotes(self.cluster_environment) if self.survive_rank_loss else None
         while not self._handling:
             failure = self._dead_child()
+            if failure is not None and notes is not None:
+                self._note_lost(notes, *failure)
+                continue
+            if notes is not None:
+                self._stop_left(notes)
             if failure is not None:
                 self._fail(failure)
                 return
-            if all(child.poll() in (0, PREEMPTED_EXIT_CODE) for child in self.children):
+            if all(
+                child.poll() in _FINE or local_rank in self._lost
+                for local_rank, child in enumerate(self.children, start=1)
+            ):
                 return
             time.sleep(_POLL_SECONDS)
+
+    def _member(self, local_rank: int) -> int:
+        return self.cluster_environment.node_rank() * self.num_processes + local_rank
+
+    def _note_lost(self, notes: LossNotes, local_rank: int, code: int) -> None:
+        """A child died while the run goes on without it: say so, and leave its cause on
+        the rendezvous store, where the other ranks look when they regroup."""
+        self._lost[local_rank] = code
+        member = self._member(local_rank)
+        _log.warning(
+            "local rank %d (rank %d) %s; the others go on without it.",
+            local_rank,
+            member,
+            _how(code),
+        )
+        notes.lost(member, code)
+
+    def _stop_left(self, notes: LossNotes) -> None:
+        """Kill the children the others went on without (a frozen rank), so no process
+        is left behind."""
+        for local_rank, child in enumerate(self.children, start=1):
+            if local_rank in self._lost or child.poll() is not None:
+                continue
+            if notes.left(self._member(local_rank)):
+                child.kill()
+                child.wait()
+                self._lost[local_rank] = int(child.returncode)
 
     def _fail(self, failure: tuple[int, int]) -> None:
         if self._record(failure, from_watcher=True) is None:
@@ -271,19 +315,18 @@ class SubprocessScriptLauncher(Launcher):
                 child.wait()
                 if reported:
                     continue
-                print(
-                    f"[accord] local rank {local_rank} was still running {self.failure_grace:g} "
-                    "s after rank 0 finished; it was killed.",
-                    file=sys.stderr,
-                    flush=True,
+                _log.warning(
+                    "local rank %d was still running %g s after rank 0 finished; it was killed.",
+                    local_rank,
+                    self.failure_grace,
                 )
                 continue
-            if not reported and code not in (0, PREEMPTED_EXIT_CODE):
-                print(
-                    f"[accord] local rank {local_rank} {_how(code)} as it exited, after rank 0 "
-                    "had finished; its output above says why.",
-                    file=sys.stderr,
-                    flush=True,
+            if not reported and code not in _FINE and local_rank not in self._lost:
+                _log.warning(
+                    "local rank %d %s as it exited, after rank 0 had finished; its output "
+                    "above says why.",
+                    local_rank,
+                    _how(code),
                 )
 
 
@@ -291,6 +334,12 @@ def _how(code: int) -> str:
     if code < 0:
         return f"was killed by signal {-code} (exit code {code})"
     return f"exited with code {code}"
+
+
+def _names_lost(error: BaseException) -> bool:
+    """Whether ``error`` already names the ranks that died or froze (rank 0 found them by
+    their heartbeats): then no child's exit needs waiting for."""
+    return isinstance(error, RankFailureError) and bool(error.ranks)
 
 
 def _report(failure: tuple[int, int], err: BaseException) -> str:

@@ -23,12 +23,13 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from accord.callbacks.callback import Callback
-from accord.checkpoint_io import read_checkpoint
+from accord.checkpoint.reading import read_checkpoint
 from accord.core.parallel import ParallelStrategy
 from accord.core.strategy import Strategy
 from accord.errors import ConfigurationError, RankFailureError
 from accord.module import Module
 from accord.seed import seed_everything
+from accord.testing.multiprocess import run_distributed
 
 if TYPE_CHECKING:
     from accord.testing.equivalence import StrategySpec
@@ -253,3 +254,26 @@ def _read_ranks(root: Path, label: str, ranks: int) -> list[dict[str, Any]]:
     state = read_checkpoint(_checkpoint(root, label))["state_dict"]
     results[0]["weights"] = {k: v.detach().cpu().clone() for k, v in state.items()}
     return results
+
+
+def run_strategy(
+    spec: StrategySpec,
+    make_module: Callable[[], Module],
+    make_data: Callable[[], Any],
+    settings: dict[str, Any],
+    root: Path,
+    devices: int,
+    timeout: float,
+) -> int:
+    """Train ``spec`` (`_fit`'s arguments) on its ranks, started as `_launch` says; how many
+    ranks it had."""
+    launch, ranks, command = _launch(spec, devices)
+    args = (spec, make_module, make_data, settings, root)
+    if launch in ("caller", "launcher"):
+        _fit(*args, ranks)
+    elif launch == "ranks":
+        run_distributed(_train, ranks, *args, timeout=timeout)
+    else:
+        assert command is not None
+        _run_external(command, ranks, args, root, timeout)
+    return ranks

@@ -20,7 +20,7 @@ def main(argv: list[str]) -> None:
         sys.path[:0] = [p for p in paths if p not in sys.path]
         args = pickle.load(f)
 
-    from accord.testing.equivalence import _fit
+    from accord.testing._agree_launch import _fit
 
     _fit(*args)
 

@@ -22,19 +22,7 @@ import torch
 from accord.core.strategy import Strategy
 from accord.errors import ConfigurationError
 from accord.module import Module
-from accord.testing._agree_launch import (
-    _fit as _fit,
-)
-from accord.testing._agree_launch import (
-    _label,
-    _read_ranks,
-    _run_external,
-    _train,
-)
-from accord.testing._agree_launch import (
-    _launch as _launch,
-)
-from accord.testing.multiprocess import run_distributed
+from accord.testing._agree_launch import _label, _read_ranks, run_strategy
 
 __all__ = ["DEFAULT_TOLERANCES", "StrategySpec", "TrainingRecord", "assert_strategies_agree"]
 
@@ -184,17 +172,13 @@ def assert_strategies_agree(
     Every run seeds with ``seed``, builds the module with ``make_module()`` and the data
     with ``make_data()``, and takes ``steps`` optimizer steps on unshuffled global batches
     of ``batch_size`` samples (``batch_size / ranks`` per rank). One-process strategies
-    (``"single_device"``, ``"dp"``) run in this process; the others run on ``devices``
-    real processes, started as the strategy's ranks must be: by `run_distributed`
-    (``"ddp"``, ``"fsdp"``, DeepSpeed), by the strategy's own launcher from this process
-    when `ParallelStrategy.launches_own_processes` (``"ddp_spawn"``, ``"ddp_fork"``,
-    ``"xla"``),
-    or under the command of `ParallelStrategy.external_launch_command` (``"horovod"``:
-    ``horovodrun``), which runs ``python -m accord.testing._agree_worker``
-    with the arguments pickled in a file. A one-process strategy that
-    `Strategy.needs_own_process` (``"single_xla"``) runs in one fresh process. Each rank
-    leaves its record in a file. Then,
-    against the ``"single_device"`` run:
+    (``"single_device"``, ``"dp"``) run in this process, or in a fresh one where
+    `Strategy.needs_own_process` (``"single_xla"``); the others run on ``devices`` real
+    processes, started as their ranks must be: by `run_distributed` (``"ddp"``,
+    ``"fsdp"``, DeepSpeed), by the strategy's own launcher where
+    `ParallelStrategy.launches_own_processes` (``"ddp_spawn"``, ``"xla"``), or under
+    `ParallelStrategy.external_launch_command` (``"horovod"``: ``horovodrun``). Each rank
+    leaves its record in a file. Then, against the ``"single_device"`` run:
 
     - each step's global batch must hold the same dataset indices;
     - each step's loss (averaged over the ranks) must agree;
@@ -230,6 +214,34 @@ def assert_strategies_agree(
         RankFailureError: a rank failed, or an outside launcher's job failed or timed out.
         ConfigurationError: settings that cannot give every rank the same batches.
     """
+    _check_batches(len(make_data()), steps, batch_size, devices)
+    _check_labels(strategies)
+    limits = {**DEFAULT_TOLERANCES, **(tolerances or {})}
+    settings = dict(seed=seed, batch_size=batch_size, steps=steps, accelerator=accelerator)
+    settings.update(precision=precision, trainer_kwargs=dict(trainer_kwargs or {}))
+    root = Path(tempfile.mkdtemp(prefix="accord-agree-"))
+    try:
+        records: dict[str, TrainingRecord] = {}
+        for spec in ["single_device", *[s for s in strategies if s != "single_device"]]:
+            label = _label(spec)
+            ranks = run_strategy(spec, make_module, make_data, settings, root, devices, timeout)
+            records[label] = _record(label, _read_ranks(root, label, ranks))
+            if label != "single_device":
+                _compare(records["single_device"], records[label], precision, limits)
+        return records
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _check_labels(strategies: Sequence[StrategySpec]) -> None:
+    """Refuse a strategy named twice: each run's records are filed under its label."""
+    labels = [_label(spec) for spec in strategies]
+    if len(set(labels)) != len(labels):
+        raise ConfigurationError(f"strategies={labels} names a strategy twice.")
+
+
+def _check_batches(length: int, steps: int, batch_size: int, devices: int) -> None:
+    """Refuse settings that cannot give every rank the same whole global batches."""
     if steps < 1:
         raise ConfigurationError(f"steps={steps} must be >= 1.")
     if devices < 1 or batch_size % devices:
@@ -237,42 +249,9 @@ def assert_strategies_agree(
             f"batch_size={batch_size} must be a multiple of devices={devices}, so every rank "
             "gets an equal share of each global batch."
         )
-    length = len(make_data())
     if length < steps * batch_size or length % batch_size:
         raise ConfigurationError(
             f"make_data() gives {length} samples; it needs at least steps * batch_size = "
             f"{steps * batch_size}, and a multiple of batch_size={batch_size}, so every step "
             "is a whole global batch on every strategy."
         )
-    limits = {**DEFAULT_TOLERANCES, **(tolerances or {})}
-    settings = {
-        "seed": seed,
-        "batch_size": batch_size,
-        "steps": steps,
-        "accelerator": accelerator,
-        "precision": precision,
-        "trainer_kwargs": dict(trainer_kwargs or {}),
-    }
-    labels = [_label(spec) for spec in strategies]
-    if len(set(labels)) != len(labels):
-        raise ConfigurationError(f"strategies={labels} names a strategy twice.")
-    root = Path(tempfile.mkdtemp(prefix="accord-agree-"))
-    try:
-        records: dict[str, TrainingRecord] = {}
-        for spec in ["single_device", *[s for s in strategies if s != "single_device"]]:
-            label = _label(spec)
-            launch, ranks, command = _launch(spec, devices)
-            args = (spec, make_module, make_data, settings, root)
-            if launch in ("caller", "launcher"):
-                _fit(*args, ranks)
-            elif launch == "ranks":
-                run_distributed(_train, ranks, *args, timeout=timeout)
-            else:
-                assert command is not None
-                _run_external(command, ranks, args, root, timeout)
-            records[label] = _record(label, _read_ranks(root, label, ranks))
-            if label != "single_device":
-                _compare(records["single_device"], records[label], precision, limits)
-        return records
-    finally:
-        shutil.rmtree(root, ignore_errors=True)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accord.core.wrappers.recorder import DUMP_FORMAT
+from accord.core.wrappers.trace_files import DUMP_FORMAT
 
 __all__ = ["RankCalls", "TraceFormatError", "load"]
 
@@ -18,7 +18,7 @@ class TraceFormatError(ValueError):
 
 @dataclass
 class RankCalls:
-    """One rank's recorded calls (`accord.core.wrappers.recorder.CallRecord.as_dict` each).
+    """One rank's recorded calls (`accord.core.wrappers.call_record.CallRecord.as_dict` each).
 
     Attributes:
         rank: the rank.

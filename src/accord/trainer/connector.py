@@ -3,17 +3,13 @@ arguments into one configured `Strategy`, or an error that says what to pass ins
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from accord.accelerators.accelerator import Accelerator, DevicesLike
 from accord.accelerators.cpu import CPUAccelerator
 from accord.accelerators.registry import accelerator_from_name
-from accord.core.one_device import OneDeviceStrategy
-from accord.core.parallel import ParallelStrategy
+from accord.core.env_vars import env_number
 from accord.core.strategy import Strategy
-from accord.engines.single.dp import DPStrategy
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.environments.local import LocalEnvironment
 from accord.environments.slurm import SLURMEnvironment
@@ -34,7 +30,7 @@ def detect_cluster_environment() -> ClusterEnvironment:
 
 
 def _distributed_requested(num_devices: int, num_nodes: int, env: ClusterEnvironment) -> bool:
-    external = not isinstance(env, LocalEnvironment) and int(os.environ.get("WORLD_SIZE", 1)) > 1
+    external = not isinstance(env, LocalEnvironment) and env_number("WORLD_SIZE", int, 1) > 1
     return num_devices > 1 or num_nodes > 1 or external
 
 
@@ -52,21 +48,7 @@ def connect(
     """
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
         raise ConfigurationError(f"num_nodes={num_nodes!r} must be an int >= 1.")
-    if (
-        isinstance(strategy, Strategy)
-        and strategy.accelerator is not None
-        and accelerator == "auto"
-    ):
-        accel = strategy.accelerator
-    elif isinstance(accelerator, Accelerator):
-        accel = accelerator
-    elif isinstance(accelerator, str):
-        accel = accelerator_from_name(accelerator)
-    else:
-        raise ConfigurationError(
-            f"accelerator={accelerator!r} must be a name ('cpu', 'cuda', 'mps', 'auto') or "
-            "an Accelerator."
-        )
+    accel = _accelerator(strategy, accelerator)
     device_ids = accel.parse_devices(devices if devices != "auto" or accel.name != "cpu" else 1)
     env = detect_cluster_environment()
 
@@ -103,34 +85,28 @@ def connect(
     if not built.precision_given or own.device_type != parallel_devices[0].type:
         built.precision = Precision(mode, parallel_devices[0])
 
-    if isinstance(built, OneDeviceStrategy):
-        if len(device_ids) > 1 or num_nodes > 1:
-            raise ConfigurationError(
-                f"strategy='single_device' trains on one device, but devices={devices!r} and "
-                f"num_nodes={num_nodes} ask for {len(device_ids) * num_nodes}. Use "
-                "strategy='ddp', or devices=1."
-            )
-        built.device = parallel_devices[0]
-    elif isinstance(built, DPStrategy):
-        if num_nodes > 1:
-            raise ConfigurationError(
-                "strategy='dp' (DataParallel) runs in one process on one machine, but "
-                f"num_nodes={num_nodes}. Use strategy='ddp' for several machines."
-            )
-        built.parallel_devices = parallel_devices
-    elif isinstance(built, ParallelStrategy):
-        if built.cluster_environment is None:
-            built.cluster_environment = env
-        built.validate_cluster(len(device_ids), num_nodes)
-        if built.parallel_devices is None:
-            built.parallel_devices = parallel_devices
-        built.num_nodes = num_nodes
-        built.configure_ranks()
-    if built.cluster_environment is None:
-        built.cluster_environment = env if not isinstance(built, OneDeviceStrategy) else None
+    built.configure_devices(parallel_devices, num_nodes, env)
     _check_device_kind(built, accel)
     built.configure_launcher()
     return built
+
+
+def _accelerator(strategy: str | Strategy, accelerator: str | Accelerator) -> Accelerator:
+    """The Trainer's ``accelerator=``, or the one a strategy instance brings for ``"auto"``."""
+    if (
+        isinstance(strategy, Strategy)
+        and strategy.accelerator is not None
+        and accelerator == "auto"
+    ):
+        return strategy.accelerator
+    if isinstance(accelerator, Accelerator):
+        return accelerator
+    if isinstance(accelerator, str):
+        return accelerator_from_name(accelerator)
+    raise ConfigurationError(
+        f"accelerator={accelerator!r} must be a name ('cpu', 'cuda', 'mps', 'auto') or an "
+        "Accelerator."
+    )
 
 
 def _precision_mode(strategy: Strategy, precision: str | int | None) -> PrecisionMode:

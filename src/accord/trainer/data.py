@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
+from lightning_utilities.core.rank_zero import rank_zero_warn
 from torch.utils.data import (
     BatchSampler,
     DataLoader,
@@ -22,15 +24,17 @@ from accord.module import Module
 
 __all__ = [
     "epoch_order",
+    "global_seed",
     "global_order",
-    "module_loader",
     "num_batches",
     "overrides",
     "prepare_loader",
+    "reshard",
     "resume_loader",
     "sampler_of",
     "samples_per_batch",
     "set_epoch",
+    "window_loader",
 ]
 
 # Stands for "no end" where a loader has no length: larger than any real batch count.
@@ -40,23 +44,6 @@ _UNBOUNDED = 2**62
 def overrides(model: Module, name: str) -> bool:
     """Whether ``model``'s class defines its own ``name`` hook instead of `Module`'s."""
     return getattr(type(model), name, None) is not getattr(Module, name, None)
-
-
-def module_loader(model: Module, name: str, required: bool = True) -> Any:
-    """The loader ``model.<name>()`` returns (``train_dataloader``, ...).
-
-    Raises:
-        ConfigurationError: the module has no such method and ``required`` is set.
-    """
-    method = getattr(model, name, None)
-    if callable(method):
-        return method()
-    if required:
-        raise ConfigurationError(
-            f"No dataloader given and {type(model).__name__} has no {name}(). Pass one to the "
-            "Trainer method, or define the method on the module."
-        )
-    return None
 
 
 def sampler_of(loader: Iterable[Any]) -> Any:
@@ -74,25 +61,37 @@ def set_epoch(loader: Iterable[Any], epoch: int) -> None:
 
 
 def prepare_loader(
-    loader: Iterable[Any], stage: str, sampler_kwargs: dict[str, int] | None
+    loader: Iterable[Any],
+    stage: str,
+    sampler_kwargs: dict[str, int] | None,
+    *,
+    distributed_sampler: bool = True,
+    overfit: bool = False,
 ) -> Iterable[Any]:
     """Give a multi-rank run a `DistributedSampler`, so each rank sees its own share.
 
-    ``sampler_kwargs`` is the strategy's ``distributed_sampler_kwargs``. A loader that is
-    not a `DataLoader`, one over an `IterableDataset`, or one already sharded is returned
-    as it is.
+    ``sampler_kwargs`` is the strategy's ``distributed_sampler_kwargs``. The sampler is
+    seeded from `accord.seed_everything`'s seed (``ACCORD_SEED``, 0 without one), as
+    Lightning seeds its own from ``seed_everything``, so a seed changes the shuffled order.
+    A predict loader is split without padding, so each sample is predicted once. A loader
+    that is not a `DataLoader`, one over an `IterableDataset`, one already sharded, and any
+    loader with ``distributed_sampler=False`` (``Trainer(use_distributed_sampler=False)``)
+    is returned as it is. ``overfit`` (``overfit_batches``) turns a training loader's
+    shuffling off.
 
     Raises:
         ConfigurationError: the loader has a custom batch sampler, which cannot be sharded.
     """
-    if (
-        sampler_kwargs is None
-        or sampler_kwargs["num_replicas"] == 1
-        or not isinstance(loader, DataLoader)
-    ):
+    if not isinstance(loader, DataLoader):
         return loader
-    if isinstance(loader.dataset, IterableDataset) or isinstance(
-        sampler_of(loader), DistributedSampler
+    if overfit and stage == "train":
+        loader = _in_order(loader)
+    if (
+        not distributed_sampler
+        or sampler_kwargs is None
+        or sampler_kwargs["num_replicas"] == 1
+        or isinstance(loader.dataset, IterableDataset)
+        or isinstance(sampler_of(loader), DistributedSampler)
     ):
         return loader
     batch_sampler = loader.batch_sampler
@@ -101,22 +100,57 @@ def prepare_loader(
             f"The {stage} DataLoader uses a custom batch_sampler "
             f"({type(batch_sampler).__name__}), which accord cannot shard across ranks. "
             "Shard it yourself: build it over a DistributedSampler(dataset, "
-            "num_replicas=trainer.world_size, rank=trainer.global_rank)."
+            "num_replicas=trainer.world_size, rank=trainer.global_rank), and pass "
+            "Trainer(use_distributed_sampler=False)."
         )
     # A batch_sampler the user passed (batch_size is then None) keeps its batch size and
     # drop_last; only the sampler inside it is replaced by this rank's shard.
     given = batch_sampler if loader.batch_size is None else None
     inner = given.sampler if given is not None else loader.sampler
-    shuffle = stage == "train" and isinstance(inner, RandomSampler)
-    sampler: DistributedSampler[Any] = DistributedSampler(
-        loader.dataset, shuffle=shuffle, drop_last=False, **sampler_kwargs
-    )
+    sampler: Sampler[int]
+    if stage == "predict":
+        # No padding: each sample is predicted once, on one rank.
+        length = len(loader.dataset)  # type: ignore[arg-type]
+        rank, replicas = sampler_kwargs["rank"], sampler_kwargs["num_replicas"]
+        sampler = _Indices(list(range(rank, length, replicas)))
+    else:
+        shuffle = stage == "train" and isinstance(inner, RandomSampler)
+        sampler = DistributedSampler(
+            loader.dataset, shuffle=shuffle, drop_last=False, seed=global_seed(), **sampler_kwargs
+        )
     if given is not None:
         return _rebuild(
             loader, batch_sampler=BatchSampler(sampler, given.batch_size, given.drop_last)
         )
     return _rebuild(
         loader, batch_size=loader.batch_size, sampler=sampler, drop_last=loader.drop_last
+    )
+
+
+def global_seed() -> int:
+    """The seed `accord.seed_everything` set (``ACCORD_SEED``), or 0."""
+    try:
+        return int(os.environ.get("ACCORD_SEED", "0"))
+    except ValueError:
+        return 0
+
+
+def _in_order(loader: DataLoader[Any]) -> DataLoader[Any]:
+    """``loader`` with a shuffling sampler replaced by one in order (``overfit_batches``)."""
+    if isinstance(loader.dataset, IterableDataset) or loader.batch_size is None:
+        return loader
+    if not isinstance(loader.sampler, RandomSampler):
+        return loader
+    rank_zero_warn(
+        "overfit_batches turns off the training loader's shuffling: the same batches are "
+        "seen every epoch.",
+        category=UserWarning,
+    )
+    return _rebuild(
+        loader,
+        batch_size=loader.batch_size,
+        sampler=SequentialSampler(loader.dataset),  # type: ignore[arg-type]
+        drop_last=loader.drop_last,
     )
 
 
@@ -276,6 +310,65 @@ def resume_loader(
     )
 
 
+def window_loader(
+    loader: DataLoader[Any],
+    order: dict[str, Any],
+    consumed: int,
+    window: int,
+    replicas: int,
+    rank: int,
+) -> tuple[DataLoader[Any], list[float]]:
+    """This rank's loader for the rest of an epoch whose global batch stays ``window``
+    positions of the epoch's global order, on however many ranks are left; and the weight
+    of each of its batches' loss.
+
+    From ``consumed`` on, the order is cut into windows (the last may be shorter), each
+    dealt round-robin over the ``replicas`` ranks: with the world the epoch began with,
+    exactly the batches `DistributedSampler` gives. A rank's batch then holds ``n`` of a
+    window's ``m`` positions, and its loss counts ``replicas * n / m`` times: with the
+    gradient averaged over the ranks, the step is the mean over the window's samples, the
+    full world's step. A rank that a short window leaves without a sample takes the
+    window's first one with weight 0, so every rank still takes part in the step.
+    """
+    rest = global_order(order)[consumed:]
+    batches: list[list[int]] = []
+    weights: list[float] = []
+    for start in range(0, len(rest), window):
+        chunk = rest[start : start + window]
+        mine = chunk[rank::replicas]
+        weights.append(replicas * len(mine) / len(chunk) if mine else 0.0)
+        batches.append(mine or chunk[:1])
+    return _rebuild(loader, batch_sampler=_Batches(batches)), weights
+
+
+def reshard(loader: Iterable[Any], sampler_kwargs: dict[str, int] | None) -> Iterable[Any]:
+    """``loader`` with the `DistributedSampler` `prepare_loader` gave it replaced by one
+    over the ranks ``sampler_kwargs`` names (the group changed members); any other loader
+    as it is."""
+    sampler = sampler_of(loader)
+    if (
+        sampler_kwargs is None
+        or not isinstance(loader, DataLoader)
+        or not isinstance(sampler, DistributedSampler)
+    ):
+        return loader
+    fresh: DistributedSampler[Any] = DistributedSampler(
+        loader.dataset,
+        shuffle=sampler.shuffle,
+        seed=sampler.seed,
+        drop_last=sampler.drop_last,
+        **sampler_kwargs,
+    )
+    fresh.set_epoch(sampler.epoch)
+    given = loader.batch_sampler if loader.batch_size is None else None
+    if given is not None:
+        size = _batch_size(loader)
+        assert size is not None
+        drop_last = bool(getattr(given, "drop_last", False))
+        return _rebuild(loader, batch_sampler=BatchSampler(fresh, size, drop_last))
+    return _rebuild(loader, batch_size=loader.batch_size, sampler=fresh, drop_last=loader.drop_last)
+
+
 def _batch_size(loader: DataLoader[Any]) -> int | None:
     if loader.batch_size is not None:
         return int(loader.batch_size)
@@ -294,3 +387,16 @@ class _Indices(Sampler[int]):
 
     def __len__(self) -> int:
         return len(self.indices)
+
+
+class _Batches(Sampler[list[int]]):
+    """Yields the given batches of dataset indices, in order."""
+
+    def __init__(self, batches: list[list[int]]) -> None:
+        self.batches = batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)

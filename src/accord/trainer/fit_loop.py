@@ -1,134 +1,229 @@
-"""`FitLoop`: epochs of training batches, optimizer steps, and validation at its interval."""
+"""`FitLoop`: the sanity check, then epochs of training batches with validation at its
+interval, until ``max_epochs``/``max_steps``, ``max_time`` or a stop (honoured once
+``min_epochs``/``min_steps`` are reached)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import contextlib
+import random
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
-from lightning_utilities.core.rank_zero import rank_zero_warn
+from lightning_utilities.core.rank_zero import WarningCache, rank_zero_warn
 
 from accord.errors import ConfigurationError
 from accord.module import Module
-from accord.trainer.checkpointing import epoch_batches
-from accord.trainer.data import num_batches, overrides, set_epoch
-from accord.trainer.loops import (
-    call_callbacks,
-    callback_hooks,
-    evaluate,
-    log_metrics,
-    module_hook,
-)
+from accord.trainer.data import num_batches, prepare_loader, set_epoch
+from accord.trainer.evaluation_loop import evaluate, log_metrics
 from accord.trainer.manual_loop import manual_epoch
-from accord.trainer.optimizers import optimizer_step, step_schedulers
 from accord.trainer.preemption import SignalFlag, save_and_stop
+from accord.trainer.rank_loss import Position
+from accord.trainer.sources import LoaderSource
 from accord.trainer.state import RunState
-from accord.trainer.step_decision import (
-    carried_decision,
-    decide_step,
-    local_bits,
-    on_nonfinite,
-)
+from accord.trainer.training_checkpoints import epoch_batches
+from accord.trainer.training_epoch import TrainingEpoch, warn_eval_mode
 
 if TYPE_CHECKING:
     from accord.trainer.trainer import Trainer
 
-__all__ = ["FitLoop", "loss_of"]
+__all__ = ["FitLoop", "train_preparer"]
 
-
-def loss_of(output: Any) -> torch.Tensor | None:
-    """The loss in what ``training_step`` returned: a tensor, a dict's ``"loss"``, or None.
-
-    Raises:
-        ConfigurationError: any other return value.
-    """
-    if output is None:
-        return None
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, Mapping):
-        loss = output.get("loss")
-        if isinstance(loss, torch.Tensor):
-            return loss
-    raise ConfigurationError(
-        f"training_step returned {type(output).__name__}; return the loss tensor, a dict with "
-        "a 'loss' key, or None to skip the step."
-    )
+_WARNINGS = WarningCache()
+"""Warnings a process gives once, on rank zero."""
 
 
 class FitLoop:
-    """One ``trainer.fit``: runs epochs until ``max_epochs``/``max_steps`` or a stop.
+    """One ``trainer.fit``: the sanity check, then epochs until a limit or a stop.
 
     Args:
         trainer: the Trainer whose settings and counters the loop uses.
         state: the Trainer's working state (module, optimizers, position in the epoch).
+        val_source: where the validation loader comes from, or None.
     """
 
-    def __init__(self, trainer: Trainer, state: RunState) -> None:
+    def __init__(self, trainer: Trainer, state: RunState, val_source: LoaderSource | None) -> None:
         self.trainer = trainer
         self.state = state
+        self.val_source = val_source
+        self.val_loader: Iterable[Any] | None = None
         # Whether a batch of the current accumulation window ran backward.
         self.window_has_backward = False
-        self.warned_all_skipped = False
         self.signals = SignalFlag(trainer.preemption_signals)
         # The ranks that received a preemption signal, once the ranks agreed to stop for
         # it; they stop at the next step boundary.
         self.preempt_ranks: tuple[int, ...] = ()
+        self.total_batches = 0
+        # Validation counts batches per epoch (False: over the whole fit).
+        self.counts_epoch_batches = trainer.check_val_every_n_epoch is not None
+        self._train_reloaded = self._val_reloaded = -1
 
-    def run(self, train_loader: Iterable[Any], val_loader: Iterable[Any] | None) -> None:
-        """Train on ``train_loader``, validating on ``val_loader`` (already prepared)."""
+    def run(self) -> None:
+        """Run the fit: hooks, sanity check, epochs."""
         trainer, state = self.trainer, self.state
         model = state.module
-        assert model is not None and state.wrapped is not None
-        trainer.has_validation = (
-            val_loader is not None
-            and overrides(model, "validation_step")
-            and trainer.limits["validate"] != 0
-        )
-        trainer.num_training_batches = num_batches(train_loader, trainer.limits["train"])
+        assert model is not None and state.wrapped is not None and state.hooks is not None
+        state.fit_loop = self
         trainer.should_stop = False
-        if self._nothing_to_train(train_loader):
+        trainer.has_validation = self.val_source is not None and trainer.limit_val_batches != 0
+        state.hooks.call("on_fit_start")
+        # Lightning's order: the sanity check asks for the validation loader, then the fit
+        # for the training loader (unless estimated_stepping_batches already did).
+        self._sanity_check()
+        if state.prepare_train is not None:
+            state.prepare_train()
+        self._train_reloaded = trainer.current_epoch
+        if trainer.has_validation and self.val_loader is None:
+            self._load_val()
+        if self._nothing_to_train(state.train_loader):
+            state.hooks.call("on_fit_end")
             return
         self.signals.install()
+        anomaly = (
+            torch.autograd.set_detect_anomaly(True)
+            if trainer.detect_anomaly
+            else contextlib.nullcontext()
+        )
         try:
-            self._run(model, train_loader, val_loader)
+            with anomaly:
+                self._epochs(model)
         finally:
+            state.received_sigterm = self.signals.received_sigterm
             self.signals.restore()
+        state.hooks.call("on_fit_end")
 
-    def _run(
-        self, model: Module, train_loader: Iterable[Any], val_loader: Iterable[Any] | None
-    ) -> None:
+    def _epochs(self, model: Module) -> None:
         trainer, state = self.trainer, self.state
-        call_callbacks(trainer, "on_fit_start")
-        model.on_fit_start()
-        call_callbacks(trainer, "on_train_start")
-        model.on_train_start()
+        hooks = state.hooks
+        assert hooks is not None
+        warn_eval_mode(model)
+        state.running = "train"
+        hooks.call("on_train_start")
         while not self._done():
-            set_epoch(train_loader, trainer.current_epoch)
-            model.train()
+            self._reload_loaders()
+            loader = state.train_loader
+            set_epoch(loader, trainer.current_epoch)
+            state.running = "train"
             state.metrics.stage = "train"
-            call_callbacks(trainer, "on_train_epoch_start")
-            model.on_train_epoch_start()
-            state.epoch_schedulers_stepped = False
+            hooks.call("on_train_epoch_start")
+            state.epoch_schedulers_stepped = set()
             if model.automatic_optimization:
-                self._train_epoch(train_loader, val_loader)
+                epoch = TrainingEpoch(self)
+                epoch.run(loader, self.val_loader)
+                if epoch.ended_elsewhere:
+                    continue  # a survivor ahead of this rank ended it; its state came over
             else:
-                manual_epoch(self, train_loader, val_loader)
-            model.on_train_epoch_end()
-            log_metrics(trainer, state.metrics.flush_epoch(trainer.strategy, "train"))
-            # Before the callbacks, so a checkpoint saved at the end of the epoch holds the
-            # schedulers as the next epoch starts with them (as Lightning's does).
-            self._step_schedulers("epoch", trainer.current_epoch + 1)
-            state.epoch_schedulers_stepped = True
-            call_callbacks(trainer, "on_train_epoch_end")
-            trainer.current_epoch += 1
-            state.batches_done = 0
-            if trainer.should_stop:
-                break
-        call_callbacks(trainer, "on_train_end")
-        model.on_train_end()
-        call_callbacks(trainer, "on_fit_end")
-        model.on_fit_end()
+                epoch = None
+                manual_epoch(self, loader, self.val_loader)
+            self._finish_epoch(epoch)
+        hooks.call("on_train_end")
+        state.running = None
+
+    def _finish_epoch(self, epoch: TrainingEpoch | None) -> None:
+        """`_end_epoch`; under ``on_rank_loss="continue"``, run again on the survivors of a
+        lost rank (`accord.trainer.rank_loss`), unless a survivor was already past it."""
+        survival, trainer = self.state.survival, self.trainer
+        while True:
+            try:
+                self._end_epoch(epoch)
+                return
+            except Exception as err:
+                if survival is None or not survival.handles(err):
+                    raise
+                current = trainer.current_epoch
+                position = Position(
+                    current, trainer.global_step, "epoch_end", int(trainer.num_training_batches)
+                )
+                survival.recover(err, position)
+                self.discard_window()
+                if trainer.current_epoch != current:
+                    return
+
+    def _end_epoch(self, epoch: TrainingEpoch | None) -> None:
+        """The epoch's end, in Lightning's order: its training metrics synced, the other
+        callbacks' ``on_train_epoch_end``, the module's, the monitoring callbacks', the
+        monitored LR schedulers, the metrics to the loggers."""
+        trainer, state, strategy = self.trainer, self.state, self.trainer.strategy
+        hooks = state.hooks
+        assert hooks is not None
+        metrics = state.metrics
+        state.running = "train"
+        metrics.stage = "train"
+        results = metrics.flush_epoch(strategy, "train")
+        for hook in hooks.callback_hooks("on_train_epoch_end", monitoring=False):
+            hook()
+        own = hooks.module_hook("on_train_epoch_end")
+        if own is not None:
+            own()
+            results.update(metrics.flush_epoch(strategy, "train"))
+        for hook in hooks.callback_hooks("on_train_epoch_end", monitoring=True):
+            hook()
+        results.update(metrics.flush_epoch(strategy, "train"))
+        if epoch is not None:
+            epoch.step_schedulers("epoch", trainer.current_epoch + 1, plateau=True)
+        log_metrics(trainer, results)
+        trainer.current_epoch += 1
+        state.batches_done = 0
+        state.running = None
+
+    # ------------------------------------------------------------------ sanity
+    def _sanity_check(self) -> None:
+        """``num_sanity_val_steps`` validation batches before training, with their hooks;
+        what they log is dropped, and the RNG is left as it was (Lightning's rule). A
+        resumed fit skips it."""
+        trainer, state = self.trainer, self.state
+        hooks = state.hooks
+        assert hooks is not None
+        if (
+            not trainer.has_validation
+            or trainer.num_sanity_val_steps == 0
+            or state.ckpt_path is not None
+        ):
+            return
+        rng = (torch.get_rng_state(), random.getstate(), _numpy_state())
+        previous, state.running = state.running, "sanity_check"
+        hooks.call("on_sanity_check_start")
+        self._load_val()
+        if self.val_loader is not None and trainer.has_validation:
+            evaluate(trainer, state, "sanity_check", self.val_loader)
+        metrics = state.metrics
+        metrics.callback_metrics.clear()
+        metrics.progress_bar_metrics.clear()
+        hooks.call("on_sanity_check_end")
+        state.running = previous
+        torch.set_rng_state(rng[0])
+        random.setstate(rng[1])
+        _set_numpy_state(rng[2])
+
+    # --------------------------------------------------------------- the data
+    def _load_val(self) -> None:
+        trainer = self.trainer
+        if self.val_source is None:
+            self.val_loader = None
+            return
+        self.val_loader = prepare_loader(
+            self.val_source.load(),
+            "validate",
+            trainer.strategy.distributed_sampler_kwargs,
+            distributed_sampler=trainer.use_distributed_sampler,
+        )
+        self.state.val_loader = self.val_loader
+        self._val_reloaded = trainer.current_epoch
+        if num_batches(self.val_loader, trainer.limit_val_batches) == 0:
+            trainer.has_validation = False
+
+    def _reload_loaders(self) -> None:
+        """New loaders from the hooks every ``reload_dataloaders_every_n_epochs`` epochs."""
+        trainer, state = self.trainer, self.state
+        every = trainer.reload_dataloaders_every_n_epochs
+        if not every:
+            return
+        epoch = trainer.current_epoch
+        if epoch - self._train_reloaded >= every:
+            train_preparer(trainer, state)()
+            self._train_reloaded = epoch
+        if self.val_source is not None and epoch - self._val_reloaded >= every:
+            self._load_val()
 
     def _nothing_to_train(self, loader: Iterable[Any]) -> bool:
         """Say why a fit would train nothing: an empty loader (an error), no batches
@@ -142,9 +237,9 @@ class FitLoop:
                     "the dataset and the loader's batch_size."
                 )
             rank_zero_warn(
-                f"limit_train_batches={trainer.limits['train']!r} leaves no training batch, so "
-                "fit() trains nothing and stops. Set it to at least 1 batch (or a fraction "
-                "that covers one); to only evaluate, call trainer.validate().",
+                f"limit_train_batches={trainer.limit_train_batches!r} leaves no training "
+                "batch, so fit() trains nothing and stops. Set it to at least 1 batch (or a "
+                "fraction that covers one); to only evaluate, call trainer.validate().",
                 category=UserWarning,
             )
             return True
@@ -163,23 +258,35 @@ class FitLoop:
             return True
         return False
 
+    # ------------------------------------------------------------------ limits
+    def can_stop_early(self) -> bool:
+        """Whether ``min_epochs`` and ``min_steps`` are reached, so a stop is honoured."""
+        trainer = self.trainer
+        epochs_met = trainer.min_epochs is None or trainer.current_epoch >= trainer.min_epochs
+        steps_met = trainer.min_steps is None or trainer.global_step >= trainer.min_steps
+        return epochs_met and steps_met
+
     def _done(self) -> bool:
         trainer = self.trainer
         if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
             return True
-        return trainer.max_epochs is not None and trainer.current_epoch >= trainer.max_epochs
-
-    def _step_schedulers(self, interval: str, count: int) -> None:
-        if not self.state.schedulers:
-            return
-        model = self.state.module
-        if model is not None and not model.automatic_optimization:
-            # Under manual optimization training_step steps them, as in Lightning.
-            return
-        step_schedulers(self.state.schedulers, interval, count, self.trainer.callback_metrics)
+        max_epochs = trainer.max_epochs
+        if max_epochs is not None and max_epochs != -1 and trainer.current_epoch >= max_epochs:
+            return True
+        return trainer.should_stop and self.can_stop_early()
 
     def batches(self, loader: Iterable[Any]) -> Iterator[tuple[int, Any]]:
         """This epoch's ``(batch_idx, batch)`` pairs, from where a resumed run stopped."""
+        iterator, skip = self.epoch_iterator(loader)
+        for batch_idx, batch in enumerate(iterator, start=skip):
+            if batch_idx >= self.trainer.num_training_batches:
+                return
+            self.total_batches += 1
+            yield batch_idx, batch
+
+    def epoch_iterator(self, loader: Iterable[Any]) -> tuple[Iterator[Any], int]:
+        """This epoch's batches from where a resumed run stopped, and the first one's index
+        (the caller stops at ``num_training_batches``)."""
         state = self.state
         # On resume, the RNG is put back where the interrupted run had it when this epoch's
         # iterator was made (so a shuffled order repeats), then where it was at the save.
@@ -191,161 +298,55 @@ class FitLoop:
         iterator, skip = epoch_batches(self.trainer, state, loader)
         if resume is not None and resume[0] is not None:
             torch.set_rng_state(resume[1])
-        for batch_idx, batch in enumerate(iterator, start=skip):
-            if batch_idx >= self.trainer.num_training_batches:
-                return
-            yield batch_idx, batch
+        return iterator, skip
 
-    def _train_epoch(self, loader: Iterable[Any], val_loader: Iterable[Any] | None) -> None:
-        trainer, state = self.trainer, self.state
-        model, strategy, wrapped, metrics = (
-            state.module,
-            trainer.strategy,
-            state.wrapped,
-            state.metrics,
-        )
-        assert model is not None and wrapped is not None
-        accumulate = trainer.accumulate_grad_batches
-        total = trainer.num_training_batches
-        val_every = self.val_every(total)
-        multi_rank = strategy.world_size > 1
-        # The hooks a batch calls, resolved once: the ones the user did not define do nothing.
-        batch_start = module_hook(model, "on_train_batch_start")
-        before_backward = module_hook(model, "on_before_backward")
-        after_backward = module_hook(model, "on_after_backward")
-        batch_end = module_hook(model, "on_train_batch_end")
-        callbacks_batch_end = callback_hooks(trainer, "on_train_batch_end")
-        # Where the gradient reduction carries the decision, every backward carries this
-        # rank's bits; with one batch per step (no accumulation window to keep) the loop
-        # reads the decision after backward instead of agreeing first.
-        carried = multi_rank and strategy.carries_step_decision(wrapped)
-        overlap = carried and accumulate == 1
-        ran = skipped = 0
-        for batch_idx, batch in self.batches(loader):
-            trainer.logger_step = trainer.global_step
-            batch = strategy.batch_to_device(batch)
-            strategy.on_train_batch_start(batch_idx, last=batch_idx + 1 == total)
-            if batch_start is not None:
-                batch_start(batch, batch_idx)
-            is_step = (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == total
-            with strategy.no_backward_sync(wrapped, enabled=not is_step):
-                metrics.in_step = True
-                with strategy.forward_context():
-                    output = strategy.step(wrapped, "training_step", batch, batch_idx)
-                metrics.in_step = False
-                loss = loss_of(output)
-                signalled = self.signals.received is not None
-                # One collective per batch for every decision the ranks take together. A
-                # step one rank skips is skipped by all: a rank that went on to backward
-                # alone would wait for the others' gradients forever.
-                if overlap:
-                    bits = local_bits(strategy, loss, check_loss=True, signalled=signalled)
-                    term = strategy.step_decision_term(wrapped, bits, loss)
-                    if loss is not None:
-                        self._backward(loss, before_backward, after_backward, term)
-                    else:
-                        strategy.backward(term, wrapped)
-                    decision = carried_decision(strategy.read_step_decision(wrapped))
-                else:
-                    decision = decide_step(strategy, loss, check_loss=True, signalled=signalled)
-                self.preempt_ranks = self.preempt_ranks or decision.preempt_ranks
-                ran += 1
-                if decision.skip:
-                    loss = None
-                    skipped += 1
-                    if overlap:
-                        self._discard_window()
-                elif decision.nonfinite_ranks:
-                    mode = trainer.on_nonfinite
-                    on_nonfinite(
-                        mode,
-                        decision.nonfinite_ranks,
-                        trainer.global_step,
-                        batch_idx,
-                        trainer.is_global_zero,
-                    )
-                    if mode == "skip_step":
-                        loss = None
-                        self._discard_window()
-                metrics.end_training_step(skipped=loss is None)
-                if loss is not None and not overlap:
-                    if accumulate > 1:
-                        loss = loss / accumulate
-                    total_loss = strategy.step_decision_term(wrapped, 0, loss) if carried else loss
-                    self._backward(loss, before_backward, after_backward, total_loss)
-            if is_step:
-                self._optimizer_step()
-            step_metrics = metrics.flush_step(strategy)
-            if is_step and trainer.global_step % trainer.log_every_n_steps == 0:
-                log_metrics(trainer, step_metrics)
-            state.batches_done = batch_idx + 1
-            for hook in callbacks_batch_end:
-                hook(trainer, model, output, batch, batch_idx)
-            if batch_end is not None:
-                batch_end(output, batch, batch_idx)
-            if self.preempt_ranks and is_step:
-                save_and_stop(trainer, self.preempt_ranks, self.signals.received)
-            if self.after_batch(batch_idx, val_every, val_loader):
-                break
-        if ran and skipped == ran and not self.warned_all_skipped:
-            self.warned_all_skipped = True
-            rank_zero_warn(
-                f"training_step returned None for every batch of epoch {trainer.current_epoch}"
-                f"{' on at least one rank' if multi_rank else ''}, so nothing was trained. "
-                "Return the loss (a tensor, or a dict with a 'loss' key); return None only "
-                "to skip a batch on purpose.",
-                category=UserWarning,
-            )
+    def val_every(self, total: int | float) -> int | float:
+        """Validate every this many batches of an epoch of ``total`` (``val_check_interval``).
 
-    def _backward(
-        self,
-        loss: torch.Tensor,
-        before: Callable[[torch.Tensor], None] | None,
-        after: Callable[[], None] | None,
-        total: torch.Tensor,
-    ) -> None:
-        """The module's backward hooks (given ``loss``) around the strategy's backward of
-        ``total``: the loss, plus the step decision's term where the gradients carry it."""
-        if before is not None:
-            before(loss)
-        assert self.state.wrapped is not None
-        self.trainer.strategy.backward(total, self.state.wrapped)
-        if after is not None:
-            after()
-        self.window_has_backward = True
-
-    def val_every(self, total: int) -> int:
-        """Validate every this many batches of an epoch of ``total`` (`val_check_interval`)."""
+        Raises:
+            ConfigurationError: an int interval longer than the epoch (where validation
+                counts batches per epoch).
+        """
         interval = self.trainer.val_check_interval
         if interval is None:
             return total
         if isinstance(interval, float):
             return max(1, int(total * interval))
+        if interval > total and self.trainer.check_val_every_n_epoch is not None:
+            raise ConfigurationError(
+                f"val_check_interval={interval} is more than the {int(total)} training batches "
+                "of an epoch, so validation would never run. Lower it, or pass "
+                "check_val_every_n_epoch=None to count batches across epochs."
+            )
         return interval
 
-    def after_batch(self, batch_idx: int, val_every: int, val_loader: Iterable[Any] | None) -> bool:
+    def after_batch(self, batch_idx: int, val_every: int | float, val_loader: Any) -> bool:
         """Validate if it is due after ``batch_idx``; whether the epoch stops here (a
-        stop was asked for, or ``max_steps`` is reached)."""
+        stop was asked for and can be honoured, or ``max_steps`` is reached)."""
         trainer, state = self.trainer, self.state
         if val_loader is not None and self._should_validate(batch_idx, val_every):
             evaluate(trainer, state, "validate", val_loader)
-            assert state.module is not None
-            state.module.train()
+            state.running = "train"
             state.metrics.stage = "train"
-        return trainer.should_stop or (
-            trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps
-        )
+        stop = trainer.should_stop and self.can_stop_early()
+        return stop or (trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps)
 
-    def _should_validate(self, batch_idx: int, every: int) -> bool:
+    def _should_validate(self, batch_idx: int, every: int | float) -> bool:
+        """Lightning's rule: in a validating epoch, every ``every`` batches of the epoch
+        (of the whole fit when ``check_val_every_n_epoch`` is None), and at a stop."""
         trainer = self.trainer
-        if (
-            not trainer.has_validation
-            or (trainer.current_epoch + 1) % trainer.check_val_every_n_epoch
+        every_n = trainer.check_val_every_n_epoch
+        if not trainer.has_validation or (
+            every_n is not None and (trainer.current_epoch + 1) % every_n
         ):
             return False
-        return (batch_idx + 1) % every == 0
+        if trainer.should_stop and self.can_stop_early():
+            return True
+        index = batch_idx if every_n is not None else self.total_batches - 1
+        return (index + 1) % every == 0
 
-    def _discard_window(self) -> None:
+    # ------------------------------------------------------------ the window
+    def discard_window(self) -> None:
         """Drop the gradients of the current accumulation window on every optimizer."""
         state = self.state
         assert state.wrapped is not None
@@ -353,19 +354,55 @@ class FitLoop:
             self.trainer.strategy.zero_grad(optimizer, state.wrapped)
         self.window_has_backward = False
 
-    def _optimizer_step(self) -> None:
-        trainer, state = self.trainer, self.state
-        assert state.module is not None and state.wrapped is not None
-        # A window whose every batch was skipped has no gradients: nothing to apply. The
-        # step still counts, as in Lightning, so max_steps and step schedulers advance.
-        if self.window_has_backward:
-            optimizer_step(
-                trainer.strategy,
-                state.module,
-                state.wrapped,
-                state.optimizers,
-                trainer.gradient_clip_val,
-            )
-        self.window_has_backward = False
-        trainer.global_step += 1
-        self._step_schedulers("step", trainer.global_step)
+    def preempt(self) -> None:
+        """Save the preemption checkpoint and stop (every rank, at this step boundary)."""
+        save_and_stop(self.trainer, self.preempt_ranks, self.signals.received)
+
+    def warn_all_skipped(self) -> None:
+        """Warn (once a process, on rank zero) that a whole epoch's ``training_step``
+        returned None."""
+        multi_rank = self.trainer.strategy.world_size > 1
+        _WARNINGS.warn(
+            "training_step returned None for every batch of an epoch"
+            f"{' on at least one rank' if multi_rank else ''}, so nothing was trained. "
+            "Return the loss (a tensor, or a dict with a 'loss' key); return None only "
+            "to skip a batch on purpose.",
+            category=UserWarning,
+        )
+
+
+def train_preparer(trainer: Trainer, state: RunState) -> Callable[[], None]:
+    """What makes the fit's training loader from its source (``state.train_source``): this
+    rank's share, ``overfit_batches`` applied, and the batch count."""
+    source = state.train_source
+    assert source is not None
+
+    def prepare() -> None:
+        loader = prepare_loader(
+            source.load(),
+            "train",
+            trainer.strategy.distributed_sampler_kwargs,
+            distributed_sampler=trainer.use_distributed_sampler,
+            overfit=bool(trainer.overfit_batches),
+        )
+        state.train_loader = loader
+        trainer.num_training_batches = num_batches(loader, trainer.limit_train_batches)
+        state.prepare_train = None
+
+    return prepare
+
+
+def _numpy_state() -> Any:
+    try:
+        import numpy
+    except ImportError:
+        return None
+    return numpy.random.get_state()
+
+
+def _set_numpy_state(value: Any) -> None:
+    if value is None:
+        return
+    import numpy
+
+    numpy.random.set_state(value)

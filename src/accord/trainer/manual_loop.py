@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from accord.errors import ConfigurationError
-from accord.trainer.loops import call_callbacks, log_metrics
+from accord.trainer.evaluation_loop import batch_mover, log_metrics
 
 if TYPE_CHECKING:
     from accord.trainer.fit_loop import FitLoop
@@ -24,29 +24,41 @@ def manual_epoch(loop: FitLoop, loader: Iterable[Any], val_loader: Iterable[Any]
     """An epoch of ``automatic_optimization = False``: ``training_step`` runs its own
     backward and optimizer steps; each ``step()`` counts one ``global_step``."""
     trainer, state, strategy = loop.trainer, loop.state, loop.trainer.strategy
-    model, wrapped, metrics = state.module, state.wrapped, state.metrics
-    assert model is not None and wrapped is not None
+    model, wrapped, metrics, hooks = state.module, state.wrapped, state.metrics, state.hooks
+    assert model is not None and wrapped is not None and hooks is not None
     check_manual(trainer)
     total = trainer.num_training_batches
     val_every = loop.val_every(total)
+    move = batch_mover(trainer, hooks)
+    callback_start = hooks.callback_hooks("on_train_batch_start")
+    module_start = hooks.module_hook("on_train_batch_start")
+    batch_end = hooks.event("on_train_batch_end")
     for batch_idx, batch in loop.batches(loader):
         trainer.logger_step = steps_before = trainer.global_step
-        batch = strategy.batch_to_device(batch)
-        strategy.on_train_batch_start(batch_idx, last=batch_idx + 1 == total)
-        model.on_train_batch_start(batch, batch_idx)
+        last = batch_idx + 1 == total
+        state.is_last_batch = last
+        batch = move(batch)
+        metrics.batch = batch
+        strategy.on_train_batch_start(batch_idx, last=last)
+        for hook in callback_start:
+            hook(batch, batch_idx)
+        if module_start is not None and module_start(batch, batch_idx) == -1:
+            break
         metrics.in_step = True
         with strategy.forward_context():
             output = strategy.step(wrapped, "training_step", batch, batch_idx)
         metrics.in_step = False
         metrics.end_training_step(skipped=False)
         step_metrics = metrics.flush_step(strategy)
-        if trainer.global_step > steps_before and (
-            trainer.global_step % trainer.log_every_n_steps == 0
-        ):
+        every = trainer.log_every_n_steps
+        if every and trainer.global_step > steps_before and trainer.global_step % every == 0:
             log_metrics(trainer, step_metrics)
         state.batches_done = batch_idx + 1
-        call_callbacks(trainer, "on_train_batch_end", output, batch, batch_idx)
-        model.on_train_batch_end(output, batch, batch_idx)
+        outputs = (
+            output if isinstance(output, dict) else ({"loss": output} if output is not None else {})
+        )
+        for hook in batch_end:
+            hook(outputs, batch, batch_idx)
         if loop.after_batch(batch_idx, val_every, val_loader):
             break
 

@@ -13,8 +13,9 @@ callback can monitor the name that was logged.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -57,14 +58,21 @@ class MetricStore:
     def __init__(self) -> None:
         self.in_step = False
         self.stage = "train"
-        self._step: dict[str, tuple[_Options, torch.Tensor]] = {}
+        # The current step's values, and (training) its epoch contributions waiting for
+        # the ranks to agree that the step counts; the loops test them before calling in.
+        self.step_values: dict[str, tuple[_Options, torch.Tensor]] = {}
         self._epochs: dict[str, dict[str, _Aggregate]] = {}
         self.callback_metrics: dict[str, torch.Tensor] = {}
         self.progress_bar_metrics: dict[str, float] = {}
         self.logged_metrics: dict[str, float] = {}
         self.collective_calls = 0
         # A training step's epoch contributions wait until the ranks agree the step counts.
-        self._pending: list[tuple[str, _Options, float, float]] = []
+        self.pending: list[tuple[str, _Options, float, float]] = []
+        # The batch of the step running, set by the loops: an epoch mean's default weight
+        # is its size, as Lightning infers it.
+        self.batch: Any = None
+        self._sized: Any = None
+        self._size = 1
 
     def log(
         self,
@@ -102,29 +110,38 @@ class MetricStore:
         training_step = self.in_step and self.stage == "train"
         step = training_step if on_step is None else on_step
         epoch = (not training_step) if on_epoch is None else on_epoch
+        if batch_size is None and epoch and fx == "mean" and self.in_step:
+            batch_size = self._batch_size()
         forked = step and epoch
         if step:
             # As in Lightning, only a training step's value stands in for the bare name.
             bare = name if forked and self.stage == "train" else None
             options = _Options(prog_bar, logger, fx, sync_dist, bare)
-            self._step[f"{name}_step" if forked else name] = (options, number)
+            self.step_values[f"{name}_step" if forked else name] = (options, number)
         if epoch:
             key = f"{name}_epoch" if forked else name
             options = _Options(prog_bar, logger, fx, sync_dist, name if forked else None)
             entry = (key, options, float(number), float(batch_size or 1))
             if training_step:
-                self._pending.append(entry)
+                self.pending.append(entry)
             else:
                 _accumulate(self._epochs.setdefault(self.stage, {}), *entry)
+
+    def _batch_size(self) -> int:
+        """The size of the running step's batch (its first tensor's first dimension)."""
+        batch = self.batch
+        if batch is not self._sized:
+            self._sized, self._size = batch, batch_size_of(batch)
+        return self._size
 
     def end_training_step(self, skipped: bool) -> None:
         """Keep what the training step logged, or drop all of it when the step was skipped.
 
         Every rank drops the same steps, so the next sync has the same metrics on each.
         """
-        pending, self._pending = self._pending, []
+        pending, self.pending = self.pending, []
         if skipped:
-            self._step = {}
+            self.step_values = {}
             return
         store = self._epochs.setdefault(self.stage, {})
         for entry in pending:
@@ -132,10 +149,10 @@ class MetricStore:
 
     def flush_step(self, strategy: Strategy) -> dict[str, float]:
         """Sync this step's values (one collective call if any asks for it) and return them."""
-        if not self._step:
+        if not self.step_values:
             return {}
-        items = sorted(self._step.items())
-        self._step = {}
+        items = sorted(self.step_values.items())
+        self.step_values = {}
         synced = [(k, o, v) for k, (o, v) in items if o.sync_dist and strategy.world_size > 1]
         combined: dict[str, float] = {}
         if synced:
@@ -196,8 +213,23 @@ class MetricStore:
     def reset(self, stage: str) -> None:
         """Drop ``stage``'s unfinished aggregates and any unflushed step values."""
         self._epochs.pop(stage, None)
-        self._step = {}
-        self._pending = []
+        self.step_values = {}
+        self.pending = []
+
+
+def batch_size_of(batch: Any) -> int:
+    """The size of a batch as Lightning infers it: the first dimension of the first tensor
+    found in it (1 for a 0-d tensor or a batch without tensors)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, Mapping):
+        batch = list(batch.values())
+    if isinstance(batch, list | tuple):
+        for item in batch:
+            size = batch_size_of(item)
+            if size != 1 or isinstance(item, torch.Tensor):
+                return size
+    return 1
 
 
 def _accumulate(

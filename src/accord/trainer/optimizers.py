@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
-from torch import nn
 
-from accord.core.strategy import Strategy
 from accord.errors import ConfigurationError
 from accord.module import Module
 
-__all__ = ["SchedulerConfig", "configure_optimizers", "optimizer_step", "step_schedulers"]
+__all__ = [
+    "SchedulerConfig",
+    "configure_optimizers",
+    "due_schedulers",
+    "monitored_value",
+    "step_schedulers",
+]
 
 _INTERVALS = ("epoch", "step")
 
@@ -25,29 +30,71 @@ class SchedulerConfig:
     Attributes:
         scheduler: the scheduler (anything with ``step()``, ``state_dict()`` and
             ``load_state_dict()``).
-        interval: ``"epoch"`` (after each training epoch) or ``"step"`` (after each
-            optimizer step).
-        frequency: step it every this many epochs or optimizer steps.
-        monitor: the logged metric passed to ``step()`` (``ReduceLROnPlateau``), or None.
+        name: the name `LearningRateMonitor` logs it under (None: derived from the
+            optimizer).
+        interval: ``"epoch"`` (at the end of each training epoch) or ``"step"`` (after
+            each optimizer step).
+        frequency: step it every this many epochs or batches.
+        reduce_on_plateau: it steps with a monitored metric (``ReduceLROnPlateau``); such
+            a scheduler steps after ``on_train_epoch_end``, the others right after the
+            epoch's last optimizer step, as in Lightning.
+        monitor: the logged metric passed to ``step()``, or None.
+        strict: a missing ``monitor`` is an error (False: a warning, and no step).
+        opt_idx: accepted for Lightning's dict; unused.
     """
 
     scheduler: Any
+    name: str | None = None
     interval: str = "epoch"
     frequency: int = 1
+    reduce_on_plateau: bool = False
     monitor: str | None = None
+    strict: bool = True
+    opt_idx: int | None = None
 
 
-def _scheduler_config(item: Any) -> SchedulerConfig:
+_CONFIG_KEYS = {f.name for f in fields(SchedulerConfig)}
+
+
+def _scheduler_config(item: Any, monitor: str | None) -> SchedulerConfig:
+    """The `SchedulerConfig` of a bare scheduler or an ``lr_scheduler`` dict; ``monitor`` is
+    the optimizer dict's own ``"monitor"`` key, for a bare ``ReduceLROnPlateau``."""
     if not isinstance(item, Mapping):
-        return SchedulerConfig(item)
+        plateau = isinstance(item, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        if plateau and monitor is None:
+            raise ConfigurationError(
+                "configure_optimizers() returned a ReduceLROnPlateau without a metric to "
+                "monitor; return {'optimizer': opt, 'lr_scheduler': scheduler, 'monitor': "
+                "'val_loss'}."
+            )
+        return SchedulerConfig(
+            item, reduce_on_plateau=plateau, monitor=monitor if plateau else None
+        )
     if "scheduler" not in item:
         raise ConfigurationError("An lr_scheduler dict needs a 'scheduler' key.")
-    interval = item.get("interval", "epoch")
-    if interval not in _INTERVALS:
-        raise ConfigurationError(f"lr_scheduler interval {interval!r}: use 'epoch' or 'step'.")
-    return SchedulerConfig(
-        item["scheduler"], interval, item.get("frequency", 1), item.get("monitor")
-    )
+    unknown = set(item) - _CONFIG_KEYS
+    if unknown:
+        raise ConfigurationError(
+            f"The lr_scheduler dict has keys accord does not know: {sorted(unknown)}; use "
+            f"{sorted(_CONFIG_KEYS)}."
+        )
+    config = SchedulerConfig(**item)
+    if config.interval not in _INTERVALS:
+        raise ConfigurationError(
+            f"lr_scheduler interval {config.interval!r}: use 'epoch' or 'step'."
+        )
+    if "reduce_on_plateau" not in item:
+        config.reduce_on_plateau = isinstance(
+            config.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau
+        )
+    if config.reduce_on_plateau and config.monitor is None:
+        config.monitor = monitor
+        if monitor is None:
+            raise ConfigurationError(
+                "The lr_scheduler dict of a ReduceLROnPlateau needs a 'monitor' key (the "
+                "logged metric to step with), e.g. {'scheduler': s, 'monitor': 'val_loss'}."
+            )
+    return config
 
 
 def configure_optimizers(
@@ -68,7 +115,7 @@ def configure_optimizers(
         elif isinstance(item, Mapping) and "optimizer" in item:
             optimizers.append(item["optimizer"])
             if item.get("lr_scheduler") is not None:
-                schedulers.append(_scheduler_config(item["lr_scheduler"]))
+                schedulers.append(_scheduler_config(item["lr_scheduler"], item.get("monitor")))
         else:
             raise ConfigurationError(
                 f"configure_optimizers() returned {type(item).__name__}. Return an optimizer, "
@@ -84,7 +131,7 @@ def configure_optimizers(
     ):
         for item in config[0]:
             add(item)
-        schedulers.extend(_scheduler_config(item) for item in config[1])
+        schedulers.extend(_scheduler_config(item, None) for item in config[1])
     elif isinstance(config, list | tuple):
         for item in config:
             add(item)
@@ -95,45 +142,57 @@ def configure_optimizers(
     return optimizers, schedulers
 
 
+def due_schedulers(
+    schedulers: list[SchedulerConfig], interval: str, index: int, plateau: bool | None
+) -> list[SchedulerConfig]:
+    """The ``interval`` schedulers due at ``index`` (the batch index + 1 for ``"step"``, the
+    epoch + 1 for ``"epoch"``, as Lightning counts); ``plateau`` picks the monitored ones
+    (True), the others (False) or all (None)."""
+    return [
+        config
+        for config in schedulers
+        if config.interval == interval
+        and index % config.frequency == 0
+        and (plateau is None or config.reduce_on_plateau == plateau)
+    ]
+
+
+def monitored_value(config: SchedulerConfig, metrics: Mapping[str, Any]) -> float | None:
+    """The value ``config`` steps with: its monitored metric, or None for a plain scheduler.
+
+    Raises:
+        ConfigurationError: a ``strict`` scheduler's metric was not logged.
+    """
+    if config.monitor is None:
+        return None
+    value = metrics.get(config.monitor)
+    if value is None:
+        if config.strict:
+            raise ConfigurationError(
+                f"The LR scheduler monitors {config.monitor!r}, which was not logged. Logged: "
+                f"{sorted(metrics)}. Log it, or set 'strict': False in the lr_scheduler dict."
+            )
+        warnings.warn(
+            f"The LR scheduler monitors {config.monitor!r}, which was not logged, and is "
+            "not strict: it did not step.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+    return float(value)
+
+
 def step_schedulers(
     schedulers: list[SchedulerConfig], interval: str, count: int, metrics: Mapping[str, Any]
 ) -> None:
-    """Step the ``interval`` schedulers due at ``count`` (optimizer steps or epochs done).
-
-    A scheduler with a ``monitor`` steps with that metric's value from ``metrics``.
+    """Step every ``interval`` scheduler due at ``count`` (a resumed checkpoint's epoch
+    schedulers that had not stepped yet).
 
     Raises:
         ConfigurationError: a monitored metric is not in ``metrics``.
     """
-    for config in schedulers:
-        if config.interval != interval or count % config.frequency:
+    for config in due_schedulers(schedulers, interval, count, None):
+        value = monitored_value(config, metrics)
+        if config.monitor is not None and value is None:
             continue
-        if config.monitor is None:
-            config.scheduler.step()
-            continue
-        value = metrics.get(config.monitor)
-        if value is None:
-            raise ConfigurationError(
-                f"The LR scheduler monitors {config.monitor!r}, which was not logged. Logged: "
-                f"{sorted(metrics)}."
-            )
-        config.scheduler.step(float(value))
-
-
-def optimizer_step(
-    strategy: Strategy,
-    model: Module,
-    wrapped: nn.Module,
-    optimizers: list[torch.optim.Optimizer],
-    gradient_clip_val: float | None,
-) -> None:
-    """Apply every optimizer once: clip (or unscale), the hook, the step, zero_grad."""
-    for optimizer in optimizers:
-        if gradient_clip_val is not None:
-            strategy.clip_gradients(wrapped, optimizer, gradient_clip_val)
-        else:
-            # So on_before_optimizer_step sees the true gradients under a loss scaler.
-            strategy.unscale_gradients(optimizer)
-        model.on_before_optimizer_step(optimizer)
-        strategy.optimizer_step(optimizer, wrapped)
-        strategy.zero_grad(optimizer, wrapped)
+        config.scheduler.step() if value is None else config.scheduler.step(value)

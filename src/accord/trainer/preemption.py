@@ -9,8 +9,8 @@ which exits the process with `PREEMPTED_EXIT_CODE`.
 
 from __future__ import annotations
 
+import logging
 import signal
-import sys
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -31,6 +31,8 @@ __all__ = [
     "preemption_checkpoint_path",
     "save_and_stop",
 ]
+
+_log = logging.getLogger(__name__)
 
 SignalLike = int | str | signal.Signals
 """A signal as ``signal.SIGTERM``, its number, or its name (``"SIGUSR1"`` or ``"USR1"``)."""
@@ -107,6 +109,11 @@ class SignalFlag:
         self.received: signal.Signals | None = None
         self._previous: dict[signal.Signals, Any] = {}
 
+    @property
+    def received_sigterm(self) -> bool:
+        """Whether the signal received is SIGTERM (`Trainer.received_sigterm`)."""
+        return self.received is signal.SIGTERM
+
     def install(self) -> bool:
         """Catch the signals from now on; whether the handlers were installed."""
         if not self.signals or threading.current_thread() is not threading.main_thread():
@@ -159,19 +166,19 @@ def save_and_stop(
     trainer.save_checkpoint(path)
     step = trainer.global_step
     if trainer.is_global_zero:
-        print(
-            f"[accord] {name} reached {where}: every rank stopped at step {step}; "
-            f"checkpoint saved to {str(path)!r}.",
-            file=sys.stderr,
-            flush=True,
+        _log.info(
+            "%s reached %s: every rank stopped at step %d; checkpoint saved to %r.",
+            name,
+            where,
+            step,
+            str(path),
         )
         environment = strategy.cluster_environment
         if environment is not None:
             requeued = environment.requeue()
-            print(
-                f"[accord] {type(environment).__name__}: the job was "
-                f"{'requeued' if requeued else 'not requeued'}.",
-                file=sys.stderr,
-                flush=True,
+            _log.info(
+                "%s: the job was %s.",
+                type(environment).__name__,
+                "requeued" if requeued else "not requeued",
             )
     raise Preempted(str(path), step, f"{name} on {where}")

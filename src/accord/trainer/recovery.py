@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-import sys
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from accord.errors import CheckpointError
-from accord.trainer.checkpointing import resolve_ckpt_path
+from accord.trainer.training_checkpoints import resolve_ckpt_path
 
 if TYPE_CHECKING:
     from accord.trainer.trainer import Trainer
 
 __all__ = ["restart_checkpoint"]
+
+_log = logging.getLogger(__name__)
 
 
 def restart_checkpoint(trainer: Trainer) -> Path | None:
@@ -35,15 +37,15 @@ def restart_checkpoint(trainer: Trainer) -> Path | None:
         path = resolve_ckpt_path(trainer, "last")
     except CheckpointError:
         if rank_zero:
-            _say(f"restart {restarts}: no finished checkpoint yet, so training starts afresh.")
+            _log.info(
+                "restart %d: no finished checkpoint yet, so training starts afresh.", restarts
+            )
         return None
     if rank_zero:
-        _say(
-            f"restart {restarts}: resuming from {str(path)!r}, the newest finished checkpoint "
-            "(Trainer(auto_resume=False) turns this off)."
+        _log.info(
+            "restart %d: resuming from %r, the newest finished checkpoint "
+            "(Trainer(auto_resume=False) turns this off).",
+            restarts,
+            str(path),
         )
     return path
-
-
-def _say(message: str) -> None:
-    print(f"[accord] {message}", file=sys.stderr, flush=True)

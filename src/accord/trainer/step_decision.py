@@ -10,16 +10,18 @@ the same single round trip it made for the skip decision alone.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 
 import torch
+from lightning_utilities.core.rank_zero import rank_zero_warn
 
 from accord.core.strategy import Strategy
 from accord.errors import ConfigurationError, NonFiniteValueError
 
 __all__ = [
     "NONFINITE_MODES",
+    "PLAIN_DECISION",
+    "finite",
     "StepDecision",
     "check_nonfinite_mode",
     "decide_step",
@@ -79,7 +81,7 @@ def decide_step(
     bits = local_bits(strategy, loss, check_loss, signalled)
     world_size = strategy.world_size
     if world_size == 1:
-        return _PLAIN if bits == 0 else _from_flags([int(bits)])
+        return PLAIN_DECISION if bits == 0 else _from_flags([int(bits)])
     slots = _slots(strategy, bits)
     words = strategy.collective.all_reduce(slots, "sum", out=slots).tolist()
     return _decision(words, world_size)
@@ -88,7 +90,7 @@ def decide_step(
 def carried_decision(flags: list[int]) -> StepDecision:
     """The decision from every rank's bits as the gradient synchronisation carried them
     (`Strategy.carries_step_decision`): ``flags[r]`` holds rank ``r``'s answers."""
-    return _PLAIN if not any(flags) else _from_flags(flags)
+    return PLAIN_DECISION if not any(flags) else _from_flags(flags)
 
 
 def local_bits(
@@ -99,13 +101,13 @@ def local_bits(
     local = (_SKIP if loss is None else 0) + (_SIGNAL if signalled else 0)
     if loss is None or not check_loss:
         return local
-    if strategy.world_size == 1 or loss.device.type == "cpu":
+    if loss.device.type == "cpu" or strategy.world_size == 1:
         # Reading a CPU loss costs nothing to wait for, and one rank reads its answer
         # anyway: plain Python is far cheaper than a chain of tiny tensor ops.
-        return local + (0 if _finite(loss) else _NONFINITE)
+        return local + (0 if finite(loss) else _NONFINITE)
     # Stays on the loss's device: the one synchronisation is reading the result.
-    finite = torch.isfinite(loss.detach()).all()
-    return (~finite).to(strategy.root_device, torch.int32) * _NONFINITE + local
+    all_finite = torch.isfinite(loss.detach()).all()
+    return (~all_finite).to(strategy.root_device, torch.int32) * _NONFINITE + local
 
 
 def _slots(strategy: Strategy, bits: torch.Tensor | int) -> torch.Tensor:
@@ -130,7 +132,7 @@ def _decision(words: list[int], world_size: int) -> StepDecision:
     )
 
 
-_PLAIN = StepDecision(skip=False, nonfinite_ranks=(), preempt_ranks=())
+PLAIN_DECISION = StepDecision(skip=False, nonfinite_ranks=(), preempt_ranks=())
 """The decision of a batch on which no rank said anything (nearly every batch)."""
 
 
@@ -142,16 +144,14 @@ def _from_flags(flags: list[int]) -> StepDecision:
     )
 
 
-def _finite(loss: torch.Tensor) -> bool:
+def finite(loss: torch.Tensor) -> bool:
     """Whether every element of ``loss`` is finite (a scalar is read as a Python number)."""
     if loss.numel() == 1 and not loss.is_complex():
         return math.isfinite(loss.item())
     return bool(torch.isfinite(loss.detach()).all())
 
 
-def on_nonfinite(
-    mode: str, ranks: tuple[int, ...], step: int, batch_idx: int, is_global_zero: bool
-) -> None:
+def on_nonfinite(mode: str, ranks: tuple[int, ...], step: int, batch_idx: int) -> None:
     """Act on a non-finite loss the ranks agreed on: raise, or warn (rank zero), by ``mode``.
 
     ``skip_step`` is the loop's to carry out; here it only warns on rank zero.
@@ -170,6 +170,5 @@ def on_nonfinite(
             step=step,
             metric="loss",
         )
-    if is_global_zero:
-        action = "skipped on every rank" if mode == "skip_step" else "trained on"
-        warnings.warn(f"{what}; the step was {action}.", RuntimeWarning, stacklevel=3)
+    action = "skipped on every rank" if mode == "skip_step" else "trained on"
+    rank_zero_warn(f"{what}; the step was {action}.", category=RuntimeWarning, stacklevel=4)

@@ -10,8 +10,9 @@ operation runs as usual; if not, the ranks exchange full descriptions and every 
 operation is used, so the group stays usable.
 
 The comparison is one ``sum`` all-reduce of two float64 numbers per rank (no pickling; the
-wire is in `accord.core.wrappers.debug_fold`): a payload, and a digest of the fingerprint
-with a bit saying whether the payload is in it. Every rank sends the same two numbers
+check buffer is in `accord.core.wrappers.debug_fold`, the fingerprint in
+`accord.core.wrappers.debug_fingerprint`): a payload, and a digest of the fingerprint with a
+bit saying whether the payload is in it. Every rank sends the same two numbers
 whatever it calls, so ranks that disagree (another shape, another op) still meet in the
 same collective, and every rank whose digest differs from the others' sees it in the sum.
 
@@ -40,27 +41,25 @@ from typing_extensions import Self, override
 
 from accord.core.collective import Collective, ReduceOp, ReduceOpLike
 from accord.core.wrappers.debug_fingerprint import (
-    _COUNT,
-    _DEFAULT_FIELDS,
-    _DTYPE_IDS,
-    _INVALID,
-    _NONE,
-    _OP_IDS,
-    _REDUCE_IDS,
-    _STRICT_FIELDS,
-    _TENSOR_OPS,
-    _crc,
-    _digest,
-    _is_int,
-    _mismatch_message,
-    _mixed,
-    _site_hash,
-    _where,
+    DEFAULT_FIELDS,
+    STRICT_FIELDS,
+    TENSOR_OPS,
+    call_digest,
     call_kind,
+    describe_call,
+    fields_digest,
+    find_call_site,
+    fingerprint,
+    mismatch_message,
     parsed_op,
-    shape_id,
 )
-from accord.core.wrappers.debug_fold import Wire, fold_limit, folded_result, payload, spread
+from accord.core.wrappers.debug_fold import (
+    CheckBuffer,
+    fold_limit,
+    folded_result,
+    payload,
+    spread,
+)
 from accord.core.wrappers.recorder import leave_trace
 from accord.core.wrappers.wrapper import CallSite, CollectiveWrapper, OpCall, call_site
 from accord.errors import CollectiveMismatchError
@@ -104,7 +103,13 @@ class DebugCollective(CollectiveWrapper):
         self._seeds: dict[tuple[Any, ...], tuple[int, ReduceOp | None, int | None]] = {}
         # This rank, the world size, the wrappers inside this one and the check's reused
         # buffer, made on the first check after setup (`_find_place`).
-        self._place: tuple[int, int, tuple[CollectiveWrapper, ...], Wire] | None = None
+        self._place: tuple[int, int, tuple[CollectiveWrapper, ...], CheckBuffer] | None = None
+
+    @property
+    @override
+    def wants_engine_traffic(self) -> bool:
+        """True: an engine's own traffic (DDP's gradient buckets) is checked like any call."""
+        return True
 
     @property
     def calls_checked(self) -> int:
@@ -187,7 +192,7 @@ class DebugCollective(CollectiveWrapper):
         if call.is_point_to_point:
             return self._run_point_to_point(call, perform)
         self._calls += 1
-        rank, world_size, layers, wire = self._place or self._find_place()
+        rank, world_size, layers, buffer = self._place or self._find_place()
         if world_size == 1:
             return perform()
         # The calling line is only part of the fingerprint in strict mode; otherwise it is
@@ -197,7 +202,7 @@ class DebugCollective(CollectiveWrapper):
         carried = None
         if fold and limit is not None:
             carried = payload(call, limit, rank)
-        agreed, total = self._exchange(_mixed(seed, self._calls), carried, world_size, wire)
+        agreed, total = self._exchange(call_digest(seed, self._calls), carried, world_size, buffer)
         if agreed:
             if error is not None:
                 raise error  # every rank made the same invalid call: each raises its own
@@ -208,13 +213,13 @@ class DebugCollective(CollectiveWrapper):
                 return perform()  # the backend's result could differ from the sum's
             # The folded op's result is the one ``perform`` would have returned.
             return cast(_T, self._through(layers, call, compute))
-        site, via = _where()
-        description = self._describe(call, site, via, self._calls, error)
+        site, via = find_call_site()
+        description = describe_call(call, self._inner.rank, site, via, self._calls, error)
         # The base class's object op runs on this wrapper's primitives, unseen by inner
         # wrappers.
         descriptions = Collective.all_gather_object(self, description)
         mismatch = CollectiveMismatchError(
-            _mismatch_message(descriptions, self.compare_call_sites), descriptions
+            mismatch_message(descriptions, self.compare_call_sites), descriptions
         )
         raise leave_trace(self, call, mismatch, site) from error
 
@@ -228,7 +233,7 @@ class DebugCollective(CollectiveWrapper):
             return perform()
         count = self._peer_calls.get(peer, 0) + 1
         self._peer_calls[peer] = count
-        site, via = _where()
+        site, via = find_call_site()
         values = self._fingerprint(call, site, count)[0]
         mine = torch.tensor(values, dtype=torch.int64, device=self._object_device())
         theirs = torch.empty_like(mine)
@@ -240,53 +245,33 @@ class DebugCollective(CollectiveWrapper):
         else:
             self._recv_(theirs, peer)
             self._send(mine, peer)
-        width = _STRICT_FIELDS if self.compare_call_sites else _DEFAULT_FIELDS
+        width = STRICT_FIELDS if self.compare_call_sites else DEFAULT_FIELDS
         other = [int(v) for v in theirs.tolist()]
         if other[:width] == values[:width]:
             return perform()
-        description = self._describe(call, site, via, count, None)
+        description = describe_call(call, self._inner.rank, site, via, count, None)
         peer_description = self._exchange_with_peer(description, peer, send_first=sending)
         pair = sorted([description, peer_description], key=lambda d: int(d["rank"]))
-        mismatch = CollectiveMismatchError(_mismatch_message(pair, self.compare_call_sites), pair)
+        mismatch = CollectiveMismatchError(mismatch_message(pair, self.compare_call_sites), pair)
         raise leave_trace(self, call, mismatch, site)
 
     # ------------------------------------------------------------- fingerprints
     def _fingerprint(
         self, call: OpCall, site: CallSite | None, count: int
     ) -> tuple[list[int], Exception | None, ReduceOp | None]:
-        """The fingerprint of ``call``, the error the call itself will raise, if any, and
+        """The `fingerprint` of ``call``, the error the call itself will raise, if any, and
         its reduce op, parsed."""
-        error: Exception | None = None
-        tensor = call.tensor
-        argument = peer = _NONE
-        reduce = None
+        values, reduce = fingerprint(call, self._inner.rank, site, count)
         try:
-            if call.op in _TENSOR_OPS or call.is_point_to_point:
-                self._check_ready(call.op, tensor)
+            if call.op in TENSOR_OPS or call.is_point_to_point:
+                self._check_ready(call.op, call.tensor)
             if call.reduce_op is not None:
-                argument = _INVALID
-                reduce = parsed_op(call.reduce_op)
-                argument = _REDUCE_IDS[reduce]
+                parsed_op(call.reduce_op)
             if call.root is not None:
-                argument = call.root if _is_int(call.root) else _INVALID
                 self._check_rank("dst" if call.op in ("gather", "send") else "src", call.root)
         except (TypeError, ValueError) as err:
-            error = err
-        if call.is_point_to_point:
-            rank = self._inner.rank
-            # Both ends describe the same transfer: (source, destination).
-            argument, peer = (rank, call.root) if call.op == "send" else (call.root, rank)
-        if isinstance(tensor, torch.Tensor):
-            dtype = _DTYPE_IDS.get(tensor.dtype) or _crc(str(tensor.dtype))
-            ndim = tensor.dim()
-            shape = shape_id(tensor.shape)
-        else:
-            dtype = _NONE if tensor is None else _INVALID
-            ndim = shape = _NONE
-        label = _crc(call.label) if call.label else _NONE
-        values = [_OP_IDS[call.op], argument, peer, dtype, ndim, shape, count]
-        values += [_NONE if site is None else _site_hash(site), label]
-        return values, error, reduce
+            return values, err, reduce
+        return values, None, reduce
 
     def _seed(
         self, call: OpCall, site: CallSite | None, world_size: int
@@ -304,9 +289,7 @@ class DebugCollective(CollectiveWrapper):
             if known is not None:
                 return known[0], None, known[1], known[2]
         values, error, reduce = self._fingerprint(call, site, 0)
-        width = _STRICT_FIELDS if self.compare_call_sites else _DEFAULT_FIELDS
-        # Every compared field but the count (index _COUNT), which `_mixed` adds per call.
-        seed = _digest(values[:_COUNT] + values[_COUNT + 1 : width])
+        seed = fields_digest(values, self.compare_call_sites)
         if error is not None:
             return seed, error, reduce, None
         limit = fold_limit(call, reduce, world_size)
@@ -323,21 +306,21 @@ class DebugCollective(CollectiveWrapper):
         return device
 
     def _exchange(
-        self, mixed: int, carried: float | None, world_size: int, wire: Wire
+        self, mixed: int, carried: float | None, world_size: int, buffer: CheckBuffer
     ) -> tuple[bool, float | None]:
-        """Sum every rank's wire (`accord.core.wrappers.debug_fold`) for a call of 64-bit
-        digest ``mixed``. Returns whether every rank's digest equals this one and, when every
+        """Sum every rank's check buffer (`accord.core.wrappers.debug_fold`) for a call of
+        64-bit digest ``mixed``. Returns whether every rank's digest equals this one and, when every
         rank folded its call, the sum of the payloads."""
-        digest = mixed >> wire.shift
+        digest = mixed >> buffer.shift
         check = 2 * digest + (carried is not None)
         first = 0.0 if carried is None else carried
         device = self._object_device()
         # The primitive, not the public op: wrappers inside this one do not see the check.
         if device.type == "cpu":
-            numbers = wire.numbers
+            numbers = buffer.numbers
             numbers[0] = first
             numbers[1] = check
-            self._all_reduce_(wire.tensor, ReduceOp.SUM)
+            self._all_reduce_(buffer.tensor, ReduceOp.SUM)
             total, check_sum = numbers
         else:
             # Where float64 may not be exact (XLA devices), the payload stays home.
@@ -354,7 +337,7 @@ class DebugCollective(CollectiveWrapper):
             return False, None
         return True, (total if folded == world_size else None)
 
-    def _find_place(self) -> tuple[int, int, tuple[CollectiveWrapper, ...], Wire]:
+    def _find_place(self) -> tuple[int, int, tuple[CollectiveWrapper, ...], CheckBuffer]:
         """This rank, the world size, the wrappers inside this one (outermost first) and a
         new check buffer for this world size."""
         layers: list[CollectiveWrapper] = []
@@ -363,7 +346,7 @@ class DebugCollective(CollectiveWrapper):
             layers.append(layer)
             layer = layer.inner
         world_size = self._inner.world_size
-        self._place = (self._inner.rank, world_size, tuple(layers), Wire(world_size))
+        self._place = (self._inner.rank, world_size, tuple(layers), CheckBuffer(world_size))
         return self._place
 
     @staticmethod
@@ -375,43 +358,6 @@ class DebugCollective(CollectiveWrapper):
         for wrapper in reversed(layers):
             run = functools.partial(wrapper._run, call, run)
         return run()
-
-    def _describe(
-        self,
-        call: OpCall,
-        site: CallSite,
-        via: CallSite | None,
-        count: int,
-        error: Exception | None,
-    ) -> dict[str, Any]:
-        tensor = call.tensor
-        if isinstance(tensor, torch.Tensor):
-            shape: list[int] | None = list(tensor.shape)
-            dtype: str | None = str(tensor.dtype)
-        else:
-            shape = None
-            dtype = None if tensor is None else f"not a tensor ({type(tensor).__name__})"
-        arguments: list[str] = []
-        if call.reduce_op is not None:
-            try:
-                arguments.append(f"op={ReduceOp.parse(call.reduce_op).value}")
-            except ValueError:
-                arguments.append(f"op={call.reduce_op!r}")
-        if call.root is not None:
-            role = "dst" if call.op in ("gather", "send") else "src"
-            arguments.append(f"{role}={call.root!r}")
-        return {
-            "rank": self._inner.rank,
-            "call": count,
-            "op": call.op,
-            "shape": shape,
-            "dtype": dtype,
-            "arguments": arguments,
-            "name": call.label,
-            "site": str(site),
-            "via": None if via is None else str(via),
-            "error": None if error is None else f"{type(error).__name__}: {error}",
-        }
 
     def _exchange_with_peer(
         self, obj: dict[str, Any], peer: int, *, send_first: bool

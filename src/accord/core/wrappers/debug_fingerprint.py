@@ -1,9 +1,17 @@
-"""What `DebugCollective` compares and reports: call fingerprints and mismatch messages.
+"""What `DebugCollective` compares across ranks, and what it reports when they differ.
 
-Holds the fixed tables a fingerprint is built from (op, reduce op and dtype ids, the field
-layout), its digest, what a kind of call is (`call_kind`), the hashing of call sites, the
-stack walk that finds the accord line behind a call, and the text of a
-`CollectiveMismatchError` (what each rank called and where the calls differ).
+A call's fingerprint is a list of integers, one per field (`FIELDS`): the op, its reduce op
+or root, the peer of a point-to-point call, the tensor's dtype, number of dimensions and
+shape, the call's count and, compared only in strict mode, its call site and barrier name.
+`fingerprint` computes it; `fields_digest` hashes the compared fields but the count once
+per kind of call (`call_kind`), and `call_digest` adds the count per call, so the check
+sends one 64-bit number. When the ranks disagree, each describes its call (`describe_call`,
+with `find_call_site` for the user's line and the accord line it came through) and
+`mismatch_message` turns every rank's description into the text of a
+`CollectiveMismatchError`.
+
+This module is public so that other checks (a test, a tool reading dumps) can compute the
+same fingerprints; the layout of `FIELDS` is fixed for a release.
 """
 
 from __future__ import annotations
@@ -23,6 +31,23 @@ from accord.core.collective import ReduceOp, ReduceOpLike
 from accord.core.reduce_op import OP_SPELLINGS
 from accord.core.wrappers.wrapper import CallSite, OpCall, call_site
 
+__all__ = [
+    "DEFAULT_FIELDS",
+    "DTYPE_IDS",
+    "FIELDS",
+    "STRICT_FIELDS",
+    "TENSOR_OPS",
+    "call_digest",
+    "call_kind",
+    "describe_call",
+    "fields_digest",
+    "find_call_site",
+    "fingerprint",
+    "mismatch_message",
+    "parsed_op",
+    "shape_id",
+]
+
 # The group operations, in a fixed order: a fingerprint carries the index, never a name.
 _OPS = (
     "all_reduce",
@@ -39,11 +64,12 @@ _OPS = (
 )
 _OP_IDS = {name: index + 1 for index, name in enumerate(_OPS)}
 _OP_IDS["send"] = _OP_IDS["recv"] = _OP_IDS["send/recv"]
-_TENSOR_OPS = frozenset(
+TENSOR_OPS = frozenset(
     {"all_reduce", "broadcast", "all_gather", "reduce_scatter", "gather", "scatter", "all_to_all"}
 )
+"""The group operations whose argument must be a tensor."""
 _REDUCE_IDS = {member: index + 1 for index, member in enumerate(ReduceOp)}
-_DTYPE_IDS = {
+DTYPE_IDS = {
     dtype: index + 1
     for index, dtype in enumerate(
         (
@@ -63,13 +89,20 @@ _DTYPE_IDS = {
     )
 }
 
-# Fingerprint layout: op, reduce op / src / dst, peer, dtype, ndim, shape hash, call count,
-# call site hash, barrier name hash. The first _DEFAULT_FIELDS are always compared; the call
-# site and barrier name only with compare_call_sites=True, since `if rank == 0:
-# broadcast(x) else: broadcast(y)` is correct code that calls from two lines.
-_DEFAULT_FIELDS = 7
-_STRICT_FIELDS = 9
-_COUNT = 6  # the call count's index
+FIELDS = ("op", "argument", "peer", "dtype", "ndim", "shape", "count", "site", "label")
+"""A fingerprint's fields, in order: the op, the reduce op or src/dst, the peer of a
+point-to-point call, the tensor's dtype, dimensions and shape hash, the call's count, the
+call site's hash and the barrier name's hash."""
+
+DEFAULT_FIELDS = 7
+"""How many leading fields are compared by default (through the count). The call site and
+barrier name only count with ``compare_call_sites=True``, since ``if rank == 0:
+broadcast(x) else: broadcast(y)`` is correct code that calls from two lines."""
+
+STRICT_FIELDS = 9
+"""How many fields are compared in strict mode: all of them."""
+
+_COUNT = FIELDS.index("count")
 _NONE = -1
 _INVALID = -2
 
@@ -78,19 +111,21 @@ def _crc(text: str) -> int:
     return zlib.crc32(text.encode())
 
 
-def _digest(values: Sequence[int]) -> int:
-    """A 56-bit digest of ``values``: a call's compared fields but its count."""
-    packed = struct.pack(f"<{len(values)}q", *values)
+def fields_digest(values: Sequence[int], strict: bool) -> int:
+    """A 56-bit digest of a `fingerprint`'s compared fields but its count (the same for
+    every call of one kind; `call_digest` adds the count)."""
+    compared = [*values[:_COUNT], *values[_COUNT + 1 : STRICT_FIELDS if strict else DEFAULT_FIELDS]]
+    packed = struct.pack(f"<{len(compared)}q", *compared)
     return int.from_bytes(hashlib.blake2b(packed, digest_size=7).digest(), "little")
 
 
 _MASK64 = (1 << 64) - 1
 
 
-def _mixed(seed: int, count: int) -> int:
-    """A 64-bit digest of a call: its fields' `_digest` and its count, through splitmix64's
-    finaliser, so that calls differing only in their count land far apart (the check's
-    wire keeps the top bits)."""
+def call_digest(seed: int, count: int) -> int:
+    """A 64-bit digest of a call: its `fields_digest` and its count, through splitmix64's
+    finaliser, so that calls differing only in their count land far apart (the check
+    keeps the top bits)."""
     z = (seed + count * 0x9E3779B97F4A7C15) & _MASK64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
@@ -102,8 +137,9 @@ def _mixed(seed: int, count: int) -> int:
 _PLUMBING = ("accord.core.wrappers", "accord.core.collective", "accord.collectives")
 
 
-def _where() -> tuple[CallSite, CallSite | None]:
-    """`call_site`'s ``site``, and the innermost accord frame outside the plumbing as ``via``."""
+def find_call_site() -> tuple[CallSite, CallSite | None]:
+    """Where the call being checked came from: `call_site`'s ``site`` (the user's line), and
+    the innermost accord frame outside the collective plumbing as ``via``."""
     site, _ = call_site()
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
@@ -126,6 +162,84 @@ def _site_hash(site: CallSite) -> int:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def fingerprint(
+    call: OpCall, rank: int, site: CallSite | None, count: int
+) -> tuple[list[int], ReduceOp | None]:
+    """The fingerprint of ``call`` on ``rank`` (one integer per field of `FIELDS`), and its
+    reduce op, parsed (None without one, or when it does not parse).
+
+    ``site`` is the call site for strict mode (None: not compared); ``count`` the call's
+    number (0 for `fields_digest`, which leaves the count out). A value that is invalid (a
+    reduce op that does not parse, a root that is not an int, an argument that is not a
+    tensor) gets a field of its own, so ranks that disagree still differ.
+    """
+    tensor = call.tensor
+    argument = peer = _NONE
+    reduce = None
+    if call.reduce_op is not None:
+        try:
+            reduce = parsed_op(call.reduce_op)
+            argument = _REDUCE_IDS[reduce]
+        except ValueError:
+            argument = _INVALID
+    if call.root is not None:
+        argument = call.root if _is_int(call.root) else _INVALID
+    if call.is_point_to_point:
+        # Both ends describe the same transfer: (source, destination).
+        argument, peer = (rank, call.root) if call.op == "send" else (call.root, rank)
+    if isinstance(tensor, torch.Tensor):
+        dtype = DTYPE_IDS.get(tensor.dtype) or _crc(str(tensor.dtype))
+        ndim = tensor.dim()
+        shape = shape_id(tensor.shape)
+    else:
+        dtype = _NONE if tensor is None else _INVALID
+        ndim = shape = _NONE
+    label = _crc(call.label) if call.label else _NONE
+    site_hash = _NONE if site is None else _site_hash(site)
+    return [_OP_IDS[call.op], argument, peer, dtype, ndim, shape, count, site_hash, label], reduce
+
+
+def describe_call(
+    call: OpCall,
+    rank: int,
+    site: CallSite,
+    via: CallSite | None,
+    count: int,
+    error: Exception | None,
+) -> dict[str, Any]:
+    """What ``call`` was on ``rank``, for a mismatch report: ``rank``, ``call`` (its count),
+    ``op``, ``shape``, ``dtype``, ``arguments``, ``name``, ``site``, ``via`` and ``error``
+    (what is invalid about it, if anything)."""
+    tensor = call.tensor
+    if isinstance(tensor, torch.Tensor):
+        shape: list[int] | None = list(tensor.shape)
+        dtype: str | None = str(tensor.dtype)
+    else:
+        shape = None
+        dtype = None if tensor is None else f"not a tensor ({type(tensor).__name__})"
+    arguments: list[str] = []
+    if call.reduce_op is not None:
+        try:
+            arguments.append(f"op={ReduceOp.parse(call.reduce_op).value}")
+        except ValueError:
+            arguments.append(f"op={call.reduce_op!r}")
+    if call.root is not None:
+        role = "dst" if call.op in ("gather", "send") else "src"
+        arguments.append(f"{role}={call.root!r}")
+    return {
+        "rank": rank,
+        "call": count,
+        "op": call.op,
+        "shape": shape,
+        "dtype": dtype,
+        "arguments": arguments,
+        "name": call.label,
+        "site": str(site),
+        "via": None if via is None else str(via),
+        "error": None if error is None else f"{type(error).__name__}: {error}",
+    }
 
 
 def _format_call(description: dict[str, Any]) -> str:
@@ -158,7 +272,9 @@ _COMPARED = (
 _COMPARED_STRICT = (("site", "call site"), ("name", "barrier name"))
 
 
-def _mismatch_message(descriptions: Sequence[dict[str, Any]], strict: bool) -> str:
+def mismatch_message(descriptions: Sequence[dict[str, Any]], strict: bool) -> str:
+    """The text of a `CollectiveMismatchError`: which fields differ, and each rank's call
+    (`describe_call`) in rank order."""
     fields = _COMPARED + _COMPARED_STRICT if strict else _COMPARED
     differing = [
         label for key, label in fields if len({repr(d[key]) for d in descriptions}) > 1

@@ -1,4 +1,4 @@
-"""The wire of `DebugCollective`'s check, and how a one-element call rides in it.
+"""The buffer of `DebugCollective`'s check, and how a one-element call rides in it.
 
 Every rank sends the same thing whatever it calls: a ``sum`` all-reduce of two float64
 numbers, ``[payload, 2 * digest + folded]``. ``digest`` is a hash of the call's fingerprint,
@@ -35,10 +35,10 @@ import torch
 from accord.core.buffers import check_out, finish
 from accord.core.collective import ReduceOp
 from accord.core.reduce_op import reduce_dtypes
-from accord.core.wrappers.debug_fingerprint import _DTYPE_IDS
+from accord.core.wrappers.debug_fingerprint import DTYPE_IDS
 from accord.core.wrappers.wrapper import OpCall
 
-__all__ = ["Wire", "digest_bits", "fold_limit", "folded_result", "payload", "spread"]
+__all__ = ["CheckBuffer", "digest_bits", "fold_limit", "folded_result", "payload", "spread"]
 
 # Integers up to this size add exactly in float64 (2**53), with room for the world's sum.
 _EXACT = 2**53
@@ -47,11 +47,11 @@ _ORDERLESS_FLOATS = frozenset({torch.float32, torch.float64})
 _INTEGERS = frozenset({torch.uint8, torch.int8, torch.int32, torch.int64, torch.bool})
 # One-element broadcasts that fold: float64 holds every value of these exactly (every
 # dtype a fingerprint names but the complex ones).
-_BROADCAST = frozenset(_DTYPE_IDS) - {torch.complex64, torch.complex128}
+_BROADCAST = frozenset(DTYPE_IDS) - {torch.complex64, torch.complex128}
 _FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
-class Wire:
+class CheckBuffer:
     """The check's reused CPU buffer for one world size: two float64 numbers, as an array and
     a tensor over it, and the shift that keeps `digest_bits` of a 64-bit digest."""
 
@@ -64,7 +64,7 @@ class Wire:
 
 
 def digest_bits(world_size: int) -> int:
-    """How many bits of the digest the wire carries: the sum of ``world_size`` numbers
+    """How many bits of the digest the check buffer carries: the sum of ``world_size`` numbers
     ``2 * digest + 1`` stays below 2**53, where float64 counts exactly."""
     return 52 - world_size.bit_length()
 
@@ -101,9 +101,9 @@ def fold_limit(call: OpCall, reduce: ReduceOp | None, world_size: int) -> int | 
 
 
 def payload(call: OpCall, limit: int, rank: int) -> float | None:
-    """What ``call``, which can fold under ``limit`` (`fold_limit`), puts in the wire's first
-    number, or None where its value does not fold. Ranks that decide differently see it in
-    the sum and all run the real operation."""
+    """What ``call``, which can fold under ``limit`` (`fold_limit`), puts in the check
+    buffer's first number, or None where its value does not fold. Ranks that decide
+    differently see it in the sum and all run the real operation."""
     if call.op == "broadcast" and rank != call.root:
         return -0.0
     value = call.tensor.item()
@@ -146,7 +146,7 @@ def folded_result(
     out: torch.Tensor | None,
     world_size: int,
 ) -> Callable[[], Any] | None:
-    """The folded call's result from the wire's summed first number, as a function to run
+    """The folded call's result from the check buffer's summed first number, as a function to run
     under the inner wrappers; None where the backend's result could differ (every rank
     decides the same, from the same sum)."""
     if total != total:

@@ -11,17 +11,17 @@ from __future__ import annotations
 import os
 
 from accord.core.collective import Collective
-from accord.core.process_group import TIMEOUT_ENV_VAR, timeout_from_env
+from accord.core.timeouts import timeout_from_env
 from accord.core.wrappers.debug import DebugCollective
-from accord.core.wrappers.recorder import TRACE_DIR_ENV_VAR, RecordingCollective
+from accord.core.wrappers.recorder import RecordingCollective
 from accord.core.wrappers.stats import CollectiveStats, InstrumentedCollective
+from accord.core.wrappers.trace_files import TRACE_DIR_ENV_VAR
 from accord.core.wrappers.watchdog import WatchdogCollective
 from accord.core.wrappers.wrapper import CollectiveWrapper
 from accord.errors import ConfigurationError
 
 __all__ = [
     "DEBUG_ENV_VAR",
-    "TIMEOUT_ENV_VAR",
     "has_layer",
     "maybe_debug",
     "maybe_record",
@@ -88,7 +88,11 @@ def maybe_watchdog(collective: Collective) -> Collective:
 
 
 def wrap_collective(
-    collective: Collective, *, debug: bool = False, stats: CollectiveStats | None = None
+    collective: Collective,
+    *,
+    debug: bool = False,
+    stats: CollectiveStats | None = None,
+    watchdog: bool = True,
 ) -> Collective:
     """``collective`` with the wrappers a strategy asks for and the environment turns on.
 
@@ -96,6 +100,8 @@ def wrap_collective(
         collective: the backend collective (or one a user already wrapped).
         debug: check every call (`DebugCollective`), whatever ``ACCORD_DEBUG_COLLECTIVES`` says.
         stats: count calls and time into these statistics (`InstrumentedCollective`).
+        watchdog: let ``ACCORD_COLLECTIVE_TIMEOUT`` add a `WatchdogCollective` (False
+            where ranks may be lost and the run goes on: its store lives on rank 0).
 
     With the debug check or the watchdog on (or ``ACCORD_TRACE_DIR`` set), a
     `RecordingCollective` sits closest to the backend (`maybe_record`).
@@ -105,7 +111,7 @@ def wrap_collective(
         wrapped = DebugCollective(wrapped)
     if stats is not None and not has_layer(wrapped, InstrumentedCollective):
         wrapped = InstrumentedCollective(wrapped, stats)
-    return maybe_watchdog(wrapped)
+    return maybe_watchdog(wrapped) if watchdog else wrapped
 
 
 def maybe_record(collective: Collective, *, debug: bool = False) -> Collective:
@@ -124,7 +130,7 @@ def maybe_record(collective: Collective, *, debug: bool = False) -> Collective:
         wanted = os.environ.get(DEBUG_ENV_VAR, "").strip().lower() not in _OFF
     if not wanted:
         try:
-            wanted = float(os.environ.get(TIMEOUT_ENV_VAR, "").strip() or 0) > 0
-        except ValueError:
+            wanted = timeout_from_env() is not None
+        except ConfigurationError:
             wanted = False  # maybe_watchdog says what is wrong with the value
     return RecordingCollective(collective) if wanted else collective

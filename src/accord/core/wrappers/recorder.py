@@ -34,37 +34,22 @@ import torch
 from typing_extensions import override
 
 from accord.core.collective import Collective, CollectiveHandle
+from accord.core.env_vars import env_number
 from accord.core.wrappers.call_record import CallRecord, _call_site, _state_of
 from accord.core.wrappers.trace_files import (
     _DUMP_VERSION,
-    CAPACITY_ENV_VAR,
-    DEFAULT_CAPACITY,
-    DEFAULT_TRACE_DIR,
     DUMP_FORMAT,
-    TRACE_DIR_ENV_VAR,
     _capacity_from_env,
     _write_json,
     dump_path,
-    merge_timeline,
     trace_dir,
 )
+
+# accord.trainer.run imports these two from here.
 from accord.core.wrappers.wrapper import CallSite, CollectiveWrapper, OpCall
 from accord.errors import CollectiveError, ConfigurationError
 
-__all__ = [
-    "CAPACITY_ENV_VAR",
-    "DEFAULT_CAPACITY",
-    "DEFAULT_TRACE_DIR",
-    "DUMP_FORMAT",
-    "TRACE_DIR_ENV_VAR",
-    "CallRecord",
-    "RecordingCollective",
-    "dump_path",
-    "find_recorder",
-    "leave_trace",
-    "merge_timeline",
-    "trace_dir",
-]
+__all__ = ["RecordingCollective", "find_recorder", "leave_trace"]
 
 _T = TypeVar("_T")
 _E = TypeVar("_E", bound=BaseException)
@@ -254,7 +239,7 @@ class RecordingCollective(CollectiveWrapper):
                 watchdog timeout names as missing).
             directory: where to write (default: ``directory``, else `trace_dir`).
         """
-        rank = self._inner.rank if self._inner.is_setup else int(os.environ.get("RANK", "0"))
+        rank = self._inner.rank if self._inner.is_setup else env_number("RANK", int, 0)
         world_size = self._inner.world_size if self._inner.is_setup else None
         folder = Path(directory) if directory is not None else trace_dir(self.directory)
         anchor = time.time() - time.perf_counter()

@@ -3,7 +3,7 @@
 Holds the environment settings (``ACCORD_TRACE_DIR``, ``ACCORD_TRACE_CAPACITY``) and the
 dump format constants, `trace_dir` and `dump_path` (where a rank's dump goes),
 `merge_timeline` (every rank's records as one Chrome trace) and the atomic JSON writer they
-share. Re-exported from `accord.core.wrappers.recorder`.
+share.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from accord.errors import ConfigurationError
+from accord.core.env_vars import env_number
 
 __all__ = [
     "CAPACITY_ENV_VAR",
@@ -46,19 +46,14 @@ _DUMP_VERSION = 1
 
 
 def _capacity_from_env() -> int:
-    raw = os.environ.get(CAPACITY_ENV_VAR, "").strip()
-    if not raw:
-        return DEFAULT_CAPACITY
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ConfigurationError(
-            f"{CAPACITY_ENV_VAR}={raw!r} is not a positive number of calls; use e.g. "
-            f"{DEFAULT_CAPACITY}."
-        )
-    return value
+    return env_number(
+        CAPACITY_ENV_VAR,
+        int,
+        DEFAULT_CAPACITY,
+        positive=True,
+        unit="calls",
+        hint=f"use e.g. {DEFAULT_CAPACITY}",
+    )
 
 
 def _write_json(path: Path, payload: Any) -> None:

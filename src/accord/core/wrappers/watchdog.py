@@ -11,7 +11,7 @@ call with the same op, so ranks that call, say, ``all_reduce`` and ``barrier`` a
 step raise `CollectiveMismatchError` instead of meeting in the backend. A rank that waits
 too long:
 
-* writes this rank's Python stacks to stderr (`faulthandler`),
+* logs this rank's Python stacks (`faulthandler`'s dump, at ERROR on its `accord.log` logger),
 * marks the call abandoned in the store, so the other waiting ranks (and the late rank,
   when it arrives) fail at once instead of timing out one by one, and
 * raises `CollectiveTimeoutError` naming the op, the waiting rank, the ranks that have
@@ -34,10 +34,9 @@ refuses further operations: tear it down.
 from __future__ import annotations
 
 import faulthandler
-import io
+import logging
 import os
-import sys
-import traceback
+import tempfile
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -45,8 +44,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from typing_extensions import Self, override
 
 from accord.core.collective import Collective
-from accord.core.process_group import as_timedelta
 from accord.core.rendezvous import listen_on_loopback
+from accord.core.timeouts import as_timedelta
 from accord.core.wrappers.recorder import leave_trace
 from accord.core.wrappers.wrapper import CallSite, CollectiveWrapper, OpCall, call_site
 from accord.errors import (
@@ -61,6 +60,8 @@ if TYPE_CHECKING:
 
 __all__ = ["WatchdogCollective"]
 
+_log = logging.getLogger(__name__)
+
 _T = TypeVar("_T")
 _OK = b"ok"
 _MISMATCH = b"mismatch"
@@ -73,7 +74,7 @@ class WatchdogCollective(CollectiveWrapper):
 
     Every group operation (tensor ops, ``barrier``, object ops; not ``send``/``recv``)
     first checks in at a TCPStore hosted by rank 0 (see the module docs). A rank that
-    waits longer than ``timeout`` for the others dumps its stacks to stderr and raises
+    waits longer than ``timeout`` for the others logs its stacks and raises
     `CollectiveTimeoutError` naming the op and the ranks that have not arrived; the other
     ranks then fail at once too. Ranks that arrive with different ops raise
     `CollectiveMismatchError`. With a world of one there is no store and no check.
@@ -86,7 +87,7 @@ class WatchdogCollective(CollectiveWrapper):
             (default: ``MASTER_ADDR``, else ``127.0.0.1``). Every rank must reach it. A
             loopback host is the only address the store listens on; for any other it
             listens on every interface.
-        dump_stacks: write this rank's Python stacks to stderr on a timeout.
+        dump_stacks: log this rank's Python stacks (at ERROR) on a timeout.
     """
 
     def __init__(
@@ -105,6 +106,7 @@ class WatchdogCollective(CollectiveWrapper):
         self._calls = 0
         self._failure: str | None = None
         self._store_lost = False
+        self._abandoned = False
 
     # ----------------------------------------------------------------- lifecycle
     @override
@@ -115,6 +117,7 @@ class WatchdogCollective(CollectiveWrapper):
             self._calls = 0
             self._failure = None
             self._store_lost = False
+            self._abandoned = False
         return self
 
     def _connect(self) -> Store:
@@ -166,15 +169,21 @@ class WatchdogCollective(CollectiveWrapper):
         return store
 
     @override
+    def abandon(self) -> None:
+        self._abandoned = True
+        self._inner.abandon()
+
+    @override
     def teardown(self) -> Self:
         store, self._store = self._store, None
         if store is not None and not self._store_lost:
             try:
                 # Rank 0 hosts the store: it waits (briefly) until every rank is done with
-                # it, so a late rank still learns that its call was abandoned.
+                # it, so a late rank still learns that its call was abandoned; not when
+                # the run failed elsewhere, where a rank may be gone for good.
                 if store.add("left", 1) == self._inner.world_size:
                     store.set("all_left", "1")
-                elif self._inner.rank == 0:
+                elif self._inner.rank == 0 and (self._failure or not self._abandoned):
                     store.wait(["all_left"], _TEARDOWN_GRACE)
             except RuntimeError:
                 pass  # a rank never came to teardown, or rank 0's store is already gone
@@ -323,19 +332,17 @@ class WatchdogCollective(CollectiveWrapper):
             _dump_stacks(f"accord watchdog, rank {self._inner.rank}: {message}")
 
     def _stacks_note(self) -> str:
-        return "\nThis rank's Python stacks were written to stderr." if self.dump_stacks else ""
+        return (
+            "\nThis rank's Python stacks were logged (accord's log, stderr by default)."
+            if self.dump_stacks
+            else ""
+        )
 
 
 def _dump_stacks(header: str) -> None:
-    """Write every thread's Python stack to stderr (faulthandler when stderr is a real file)."""
-    stream = sys.stderr
-    try:
-        stream.write(f"{header}\n")
-        stream.flush()
-        faulthandler.dump_traceback(file=stream, all_threads=True)
-    except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
-        # stderr replaced by an object without a file descriptor (e.g. captured output).
-        for thread_id, frame in sys._current_frames().items():
-            stack = "".join(traceback.format_stack(frame))
-            stream.write(f"Thread {thread_id:#x} (most recent call last):\n{stack}")
-        stream.flush()
+    """Log every thread's Python stack under ``header``, as `faulthandler` writes them."""
+    with tempfile.TemporaryFile("w+") as file:  # faulthandler writes to a file descriptor
+        faulthandler.dump_traceback(file=file, all_threads=True)
+        file.seek(0)
+        stacks = file.read()
+    _log.error("%s\n%s", header, stacks.rstrip())

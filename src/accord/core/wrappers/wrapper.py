@@ -136,6 +136,11 @@ class CollectiveWrapper(Collective):
     def object_device(self) -> torch.device:
         return self._inner.object_device
 
+    @property
+    @override
+    def wants_engine_traffic(self) -> bool:
+        return self._inner.wants_engine_traffic
+
     @override
     def setup(self, **kwargs: Any) -> Self:
         self._inner.setup(**kwargs)
@@ -145,6 +150,10 @@ class CollectiveWrapper(Collective):
     def teardown(self) -> Self:
         self._inner.teardown()
         return self
+
+    @override
+    def abandon(self) -> None:
+        self._inner.abandon()
 
     # ---------------------------------------------------------------- primitives
     # Forwarded as is: a wrapper's own traffic goes straight to the innermost backend.

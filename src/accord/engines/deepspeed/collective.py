@@ -11,47 +11,22 @@ runs ``deepspeed.comm.all_reduce(..., async_op=True)`` and waits on its work's f
 
 from __future__ import annotations
 
-import importlib
 from datetime import timedelta
 from types import ModuleType
 from typing import Any, ClassVar
 
 import torch
-from lightning_utilities.core.imports import package_available
 from typing_extensions import override
 
+from accord.core.buffers import byte_view
 from accord.core.collective import ReduceOp
-from accord.core.process_group import ProcessGroupCollective, Rendezvous, byte_view
-from accord.errors import MissingDependencyError
+from accord.core.process_group import ProcessGroupCollective
+from accord.core.rendezvous_address import Rendezvous
+from accord.imports import import_optional, require
 
-__all__ = ["DeepSpeedCollective", "deepspeed_available", "import_deepspeed", "require_deepspeed"]
+__all__ = ["DeepSpeedCollective"]
 
-
-def deepspeed_available() -> bool:
-    """Whether the ``deepspeed`` package can be found (it is not imported)."""
-    return package_available("deepspeed")
-
-
-def require_deepspeed(feature: str) -> None:
-    """Raise `MissingDependencyError` naming ``feature`` unless deepspeed can be found."""
-    if not deepspeed_available():
-        raise MissingDependencyError(feature, "deepspeed", "deepspeed")
-
-
-def import_deepspeed(
-    module: str = "deepspeed", *, feature: str = "DeepSpeedCollective"
-) -> ModuleType:
-    """Import ``module`` (``deepspeed`` or one of its modules) and return it.
-
-    Raises:
-        MissingDependencyError: deepspeed is not installed (or cannot be imported); the
-            message names ``feature`` and how to install it.
-    """
-    require_deepspeed(feature)
-    try:
-        return importlib.import_module(module)
-    except ImportError as err:
-        raise MissingDependencyError(feature, "deepspeed", "deepspeed") from err
+_FEATURE = "DeepSpeedCollective"
 
 
 class DeepSpeedCollective(ProcessGroupCollective):
@@ -90,7 +65,7 @@ class DeepSpeedCollective(ProcessGroupCollective):
         timeout: timedelta | float | None = None,
         init_method: str | None = None,
     ) -> None:
-        require_deepspeed("DeepSpeedCollective")
+        require("deepspeed", _FEATURE)
         super().__init__(backend, timeout=timeout, init_method=init_method)
         self._comm: Any = None
 
@@ -98,14 +73,14 @@ class DeepSpeedCollective(ProcessGroupCollective):
     @override
     def _default_backend(self) -> str:
         """gloo on CPU; on an accelerator, the communication backend DeepSpeed picks for it."""
-        accelerator = import_deepspeed("deepspeed.accelerator").get_accelerator()
+        accelerator = import_optional("deepspeed.accelerator", _FEATURE).get_accelerator()
         if accelerator.device_name() == "cpu":
             return "gloo"
         return str(accelerator.communication_backend_name())
 
     @override
     def _prepare(self, rank: int) -> None:
-        self._comm = import_deepspeed("deepspeed.comm")
+        self._comm = import_optional("deepspeed.comm", _FEATURE)
         # DeepSpeed compiles its shared-memory extension silently on first use, and waits
         # forever on a lock a killed build left behind: check first, and announce a build.
         from accord.engines.deepspeed.extension import prepare_shm_extension
@@ -117,7 +92,7 @@ class DeepSpeedCollective(ProcessGroupCollective):
         import torch.distributed as dist
 
         # deepspeed.comm only wraps the existing default group here; it creates none.
-        import_deepspeed().init_distributed(
+        import_optional("deepspeed", _FEATURE).init_distributed(
             dist_backend=str(dist.get_backend()),
             auto_mpi_discovery=False,
             verbose=False,
@@ -126,7 +101,7 @@ class DeepSpeedCollective(ProcessGroupCollective):
 
     @override
     def _init_with_method(self, backend: str, meeting: Rendezvous) -> None:
-        import_deepspeed().init_distributed(
+        import_optional("deepspeed", _FEATURE).init_distributed(
             dist_backend=backend,
             auto_mpi_discovery=False,
             verbose=False,
@@ -145,7 +120,7 @@ class DeepSpeedCollective(ProcessGroupCollective):
     def object_device(self) -> torch.device:
         if self.backend in ("gloo", "mpi"):
             return torch.device("cpu")
-        accelerator = import_deepspeed("deepspeed.accelerator").get_accelerator()
+        accelerator = import_optional("deepspeed.accelerator", _FEATURE).get_accelerator()
         return torch.device(accelerator.current_device_name())
 
     # ---------------------------------------------------------------- primitives

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from accord.engines.deepspeed.collective import import_deepspeed
 from accord.errors import ConfigurationError
+from accord.imports import import_optional
 
 __all__ = ["initialize_engine", "require_process_group"]
 
@@ -48,7 +48,7 @@ def initialize_engine(
     Raises:
         MissingDependencyError: deepspeed is not installed.
     """
-    deepspeed = import_deepspeed(feature="DeepSpeedStrategy")
+    deepspeed = import_optional("deepspeed", "DeepSpeedStrategy")
     kwargs: dict[str, Any] = {}
     if optimizer is not None and "optimizer" in config:
         kwargs["model_parameters"] = [p for p in model.parameters() if p.requires_grad]

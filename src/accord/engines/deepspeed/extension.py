@@ -17,16 +17,15 @@ names it, and a younger one (a build in progress elsewhere) is waited for, with 
 
 from __future__ import annotations
 
-import math
-import os
-import sys
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from accord.engines.deepspeed.collective import import_deepspeed
-from accord.errors import CollectiveError, ConfigurationError, MissingDependencyError
+from accord.core.env_vars import env_number
+from accord.errors import CollectiveError, MissingDependencyError
+from accord.imports import import_optional
 
 __all__ = [
     "DEFAULT_LOCK_TIMEOUT",
@@ -39,6 +38,8 @@ __all__ = [
     "prepare_shm_extension",
     "shm_extension_build",
 ]
+
+_log = logging.getLogger(__name__)
 
 LOCK_TIMEOUT_ENV_VAR = "ACCORD_EXTENSION_LOCK_TIMEOUT"
 """Seconds after which an extension's build lock counts as left behind by a killed build."""
@@ -102,19 +103,14 @@ def lock_timeout() -> float:
     Raises:
         ConfigurationError: the variable is not a positive number of seconds.
     """
-    raw = os.environ.get(LOCK_TIMEOUT_ENV_VAR, "").strip()
-    if not raw:
-        return DEFAULT_LOCK_TIMEOUT
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = math.nan
-    if not seconds > 0:
-        raise ConfigurationError(
-            f"{LOCK_TIMEOUT_ENV_VAR}={raw!r} is not a positive number of seconds; unset it "
-            f"for the default ({DEFAULT_LOCK_TIMEOUT:.0f} s)."
-        )
-    return seconds
+    return env_number(
+        LOCK_TIMEOUT_ENV_VAR,
+        float,
+        DEFAULT_LOCK_TIMEOUT,
+        positive=True,
+        unit="seconds",
+        hint=f"unset it for the default ({DEFAULT_LOCK_TIMEOUT:.0f} s)",
+    )
 
 
 def shm_extension_build() -> ExtensionBuild | None:
@@ -126,17 +122,17 @@ def shm_extension_build() -> ExtensionBuild | None:
     Raises:
         MissingDependencyError: deepspeed is not installed.
     """
-    accelerator = import_deepspeed("deepspeed.accelerator", feature=_FEATURE).get_accelerator()
+    accelerator = import_optional("deepspeed.accelerator", _FEATURE).get_accelerator()
     builder: Any = accelerator.create_op_builder(_BUILDER)
     if builder is None:
         return None
     # The same tests as DeepSpeed's build_shm_op (in its torch communication backend) and
     # OpBuilder.load.
-    ops = import_deepspeed("deepspeed.ops", feature=_FEATURE)
+    ops = import_optional("deepspeed.ops", _FEATURE)
     compatible: dict[str, bool] = ops.__compatible_ops__
     if not compatible.get(builder.NAME, False):
         return None
-    installed = import_deepspeed("deepspeed.git_version_info", feature=_FEATURE)
+    installed = import_optional("deepspeed.git_version_info", _FEATURE)
     if installed.installed_ops.get(builder.name, False) and (
         installed.accelerator_name == accelerator._name
     ):
@@ -160,7 +156,7 @@ def prepare_extension_build(
 
     Args:
         build: the extension's build.
-        announce: print the notices (on stderr): true on rank zero only.
+        announce: log the notices (at INFO, `accord.log`): true on rank zero only.
         stale_after: seconds after which a lock counts as left behind; default:
             `lock_timeout()`.
 
@@ -174,16 +170,16 @@ def prepare_extension_build(
         if age > timeout:
             raise CollectiveError(_stale_message(build, age, timeout))
         if announce and not waiting:
-            _notice(
-                f"accord: waiting for another process to finish building DeepSpeed's "
+            _log.info(
+                f"waiting for another process to finish building DeepSpeed's "
                 f"{build.name} extension in {build.directory} (it holds {build.lock}, "
                 f"{age:.0f} s old, refused at {timeout:g} s; if no build is running, delete it)"
             )
         waiting = True
         time.sleep(_POLL_SECONDS)
     if announce and not build.is_built:
-        _notice(
-            f"accord: compiling DeepSpeed's {build.name} extension into {build.directory}; "
+        _log.info(
+            f"compiling DeepSpeed's {build.name} extension into {build.directory}; "
             "this takes 1-2 minutes (more on a busy machine), once for this directory "
             "(TORCH_EXTENSIONS_DIR)"
         )
@@ -193,7 +189,7 @@ def prepare_shm_extension(*, announce: bool) -> ExtensionBuild | None:
     """`prepare_extension_build` for DeepSpeed's shared-memory extension, if it is built here.
 
     Args:
-        announce: print the notices: true on rank zero only.
+        announce: log the notices: true on rank zero only.
 
     Returns:
         The build, or None when DeepSpeed will not compile the extension here.
@@ -216,7 +212,7 @@ def build_shm_extension() -> ExtensionBuild | None:
     """
     build = prepare_shm_extension(announce=True)
     if build is not None:
-        accelerator = import_deepspeed("deepspeed.accelerator", feature=_FEATURE).get_accelerator()
+        accelerator = import_optional("deepspeed.accelerator", _FEATURE).get_accelerator()
         accelerator.create_op_builder(_BUILDER).load()
     return build
 
@@ -237,10 +233,6 @@ def _stale_message(build: ExtensionBuild, age: float, timeout: float) -> str:
         f"and torch would wait for it forever. Once no other DeepSpeed run is building it, delete "
         f"it (rm '{build.lock}') and run again."
     )
-
-
-def _notice(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def main() -> None:

@@ -14,8 +14,8 @@ building the registry never import it. How the Trainer's loop maps onto the engi
 - the config (`accord.engines.deepspeed.config`) takes accumulation, clipping and the
   `DeepSpeedPrecision` section from the Trainer's settings;
 - checkpoints are directories in the atomic tag/latest format of
-  `accord.engines.deepspeed.checkpoint`, written and read by the methods it inherits from
-  `accord.engines.deepspeed.checkpointing`; ZeRO-3's gathers are in
+  `accord.engines.deepspeed.checkpoint_directory`, written and read by the methods it
+  inherits from `accord.engines.deepspeed.strategy_checkpoints`; ZeRO-3's gathers are in
   `accord.engines.deepspeed.zero3`.
 """
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -34,11 +35,12 @@ from typing_extensions import override
 from accord.accelerators.accelerator import Accelerator
 from accord.core.collective import Collective
 from accord.core.parallel import StartMethod
+from accord.core.run_settings import RunSettings
 from accord.core.step_module import StepModule
+from accord.core.timeouts import DEFAULT_TIMEOUT
 from accord.engines.deepspeed import zero3
-from accord.engines.deepspeed.checkpoint import consolidate_deepspeed_checkpoint
-from accord.engines.deepspeed.checkpointing import DeepSpeedCheckpoints
-from accord.engines.deepspeed.collective import DeepSpeedCollective, require_deepspeed
+from accord.engines.deepspeed.checkpoint_directory import consolidate_deepspeed_checkpoint
+from accord.engines.deepspeed.collective import DeepSpeedCollective
 from accord.engines.deepspeed.config import (
     build_config,
     evaluation_config,
@@ -47,8 +49,10 @@ from accord.engines.deepspeed.config import (
 )
 from accord.engines.deepspeed.engine import initialize_engine, require_process_group
 from accord.engines.deepspeed.precision import DeepSpeedPrecision
+from accord.engines.deepspeed.strategy_checkpoints import DeepSpeedCheckpoints
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
+from accord.imports import require
 from accord.precision import Precision, PrecisionMode
 
 __all__ = ["DeepSpeedPrecision", "DeepSpeedStrategy", "consolidate_deepspeed_checkpoint"]
@@ -71,9 +75,8 @@ class DeepSpeedStrategy(DeepSpeedCheckpoints):
         config: a complete DeepSpeed config, as a dict or the path of a JSON file. Pass
             either ``config`` or ``stage``/``offload_*``/keyword entries, not both.
         start_method: ``"popen"``, ``"spawn"``, ``"fork"`` or ``"forkserver"``, as `DDPStrategy`.
-        process_group_backend: the torch.distributed backend of the `DeepSpeedCollective`
-            (default: gloo on CPU, the accelerator's own otherwise).
-        timeout: seconds a collective may wait for the other ranks.
+        process_group_backend, timeout: as `ParallelStrategy`, for the `DeepSpeedCollective`
+            (the backend's default: gloo on CPU, the accelerator's own otherwise).
         **config_entries: more top-level DeepSpeed config entries, e.g.
             ``optimizer={"type": "Adam", "params": {"lr": 1e-3}}`` or
             ``zero_optimization={"overlap_comm": False}`` (merged with ``stage``).
@@ -94,35 +97,35 @@ class DeepSpeedStrategy(DeepSpeedCheckpoints):
     def __init__(
         self,
         accelerator: Accelerator | None = None,
+        *,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
         collective: Collective | None = None,
         precision: Precision | None = None,
         num_nodes: int = 1,
-        *,
         stage: int | None = None,
         offload_optimizer: bool = False,
         offload_parameters: bool = False,
         config: dict[str, Any] | str | Path | None = None,
         start_method: StartMethod = "popen",
         process_group_backend: str | None = None,
-        timeout: float | timedelta = 1800.0,
+        timeout: float | timedelta = DEFAULT_TIMEOUT,
         debug: bool = False,
         **config_entries: Any,
     ) -> None:
-        require_deepspeed("DeepSpeedStrategy")
+        require("deepspeed", "DeepSpeedStrategy")
         super().__init__(
             accelerator,
-            parallel_devices,
-            cluster_environment,
-            collective,
-            precision,
-            num_nodes,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            collective=collective,
+            precision=precision,
+            num_nodes=num_nodes,
             start_method=start_method,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
             debug=debug,
         )
-        self.process_group_backend = process_group_backend
-        self.timeout = timeout
         self.config = build_config(
             stage, offload_optimizer, offload_parameters, config, config_entries
         )
@@ -137,6 +140,18 @@ class DeepSpeedStrategy(DeepSpeedCheckpoints):
     def zero_stage(self) -> int:
         """The ZeRO stage (1, 2 or 3)."""
         return zero_stage(self.config)
+
+    @property
+    @override
+    def compile_refusal(self) -> str | None:
+        """ZeRO-3 cannot train a compiled model; ZeRO-1 and 2 can."""
+        if self.zero_stage != 3:
+            return None
+        return (
+            "ZeRO-3 gathers each submodule's parameters in hooks around its forward, which "
+            "a compiled module bypasses or torch.compile traces again every step (ZeRO "
+            "stages 1 and 2 train compiled models)."
+        )
 
     @property
     def engine(self) -> Any:
@@ -230,6 +245,12 @@ class DeepSpeedStrategy(DeepSpeedCheckpoints):
         return self._ensure_engine()(name, *args)
 
     @override
+    def on_train_batch_start(self, batch_idx: int, last: bool, window_ends: bool = True) -> None:
+        """Tell the engine whether this batch ends an accumulation window."""
+        if self._engine is not None and self._trains:
+            self._engine.set_gradient_accumulation_boundary(window_ends)
+
+    @override
     def no_backward_sync(
         self, module: nn.Module, enabled: bool
     ) -> contextlib.AbstractContextManager[Any]:
@@ -239,7 +260,32 @@ class DeepSpeedStrategy(DeepSpeedCheckpoints):
         return contextlib.nullcontext()
 
     @override
-    def backward(self, loss: torch.Tensor, module: nn.Module) -> None:
+    def refused_module_hooks(self) -> dict[str, str]:
+        """The DeepSpeed engine runs backward, clipping and zeroing itself."""
+        return {
+            "backward": "DeepSpeed's engine runs the backward pass itself (engine.backward, "
+            "with its loss scaling and partitioned gradients).",
+            "optimizer_zero_grad": "DeepSpeed's engine clears the gradients inside engine.step().",
+            "configure_gradient_clipping": "DeepSpeed's engine clips inside engine.step(), to "
+            "the gradient_clipping of its config: set Trainer(gradient_clip_val=...) instead.",
+        }
+
+    @override
+    def configure_run(self, settings: RunSettings) -> None:
+        if settings.gradient_clip_val is not None and settings.gradient_clip_algorithm != "norm":
+            raise ConfigurationError(
+                "DeepSpeedStrategy clips gradients by norm only (inside engine.step()); "
+                "gradient_clip_algorithm='value' cannot run on it. Use 'norm', or ddp/fsdp."
+            )
+        super().configure_run(settings)
+
+    @override
+    def backward(
+        self,
+        loss: torch.Tensor,
+        module: nn.Module,
+        backward_fn: Callable[[torch.Tensor], None] | None = None,
+    ) -> None:
         """``engine.backward``; the Trainer already divided the loss for accumulation."""
         self._require_training("backward")
         self._engine.backward(loss, scale_wrt_gas=False)
@@ -265,9 +311,38 @@ class DeepSpeedStrategy(DeepSpeedCheckpoints):
         return torch.tensor(float("nan"))
 
     @override
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, module: nn.Module) -> None:
-        """``engine.step()``: reduce the window's gradients, clip, step, zero the gradients."""
+    def clip_gradients_value(
+        self, module: nn.Module, optimizer: torch.optim.Optimizer, clip_value: float
+    ) -> None:
+        """Refused: the engine clips by norm only.
+
+        Raises:
+            ConfigurationError: always.
+        """
+        raise ConfigurationError(
+            "DeepSpeedStrategy cannot clip gradients by value: its engine clips by norm, "
+            "inside engine.step(). Use gradient_clip_algorithm='norm'."
+        )
+
+    @override
+    def optimizer_step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        module: nn.Module,
+        closure: Callable[[], Any] | None = None,
+    ) -> None:
+        """``engine.step()``: reduce the window's gradients, clip, step, zero the gradients.
+
+        Raises:
+            ConfigurationError: an optimizer that needs a closure (the engine steps
+                without one).
+        """
         self._require_training("optimizer_step")
+        if closure is not None:
+            raise ConfigurationError(
+                f"{type(optimizer).__name__} needs a closure in step(), which DeepSpeed's "
+                "engine.step() cannot pass; use an optimizer without one (SGD, Adam, ...)."
+            )
         self._engine.step()
 
     @override

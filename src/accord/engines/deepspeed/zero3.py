@@ -11,8 +11,8 @@ from typing import Any
 
 from torch import nn
 
-from accord.engines.deepspeed.checkpoint import strip_step_prefix
-from accord.engines.deepspeed.collective import import_deepspeed
+from accord.engines.deepspeed.checkpoint_directory import strip_step_prefix
+from accord.imports import import_optional
 
 __all__ = ["full_state_dict", "load_full_state_dict", "materialize_parameters"]
 
@@ -29,7 +29,7 @@ def full_state_dict(engine: Any) -> dict[str, Any]:
 
 def load_full_state_dict(module: nn.Module, state: dict[str, Any], strict: bool) -> None:
     """Load a full state dict into the partitioned ``module``; rank 0's copy is kept."""
-    deepspeed = import_deepspeed()
+    deepspeed = import_optional("deepspeed", "DeepSpeedStrategy")
     with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=0):
         module.load_state_dict(state, strict=strict)
 
@@ -39,7 +39,7 @@ def materialize_parameters(module: nn.Module) -> None:
 
     Tied parameters stay tied: each partitioned parameter becomes one new parameter.
     """
-    deepspeed = import_deepspeed()
+    deepspeed = import_optional("deepspeed", "DeepSpeedStrategy")
     replaced: dict[int, nn.Parameter] = {}
     for submodule in module.modules():
         own = list(submodule.named_parameters(recurse=False, remove_duplicate=False))

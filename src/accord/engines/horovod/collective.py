@@ -32,7 +32,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from lightning_utilities.core.imports import RequirementCache
 from torch import nn
 from typing_extensions import Self, override
 
@@ -45,29 +44,15 @@ from accord.engines.horovod.dtypes import (
     movable,
     reducible,
 )
-from accord.errors import CollectiveError, MissingDependencyError
+from accord.errors import CollectiveError
+from accord.imports import import_optional, require
 
-__all__ = ["HorovodCollective", "horovod_available", "require_horovod"]
-
-# Reads the installed distributions once; horovod itself is not imported.
-_HOROVOD = RequirementCache("horovod")
-
-
-def horovod_available() -> bool:
-    """Whether the ``horovod`` package is installed (it is not imported)."""
-    return bool(_HOROVOD)
-
-
-def require_horovod(feature: str) -> None:
-    """Raise `MissingDependencyError` for ``feature`` unless horovod is installed."""
-    if not _HOROVOD:
-        raise MissingDependencyError(feature, "horovod", "horovod")
+__all__ = ["HorovodCollective"]
 
 
 def _hvd() -> Any:
     """The ``horovod.torch`` module, or an error that says how to rebuild it."""
-    import horovod.torch as hvd
-
+    hvd = import_optional("horovod.torch", "HorovodCollective")
     if not hasattr(hvd, "init"):
         # horovod.torch imports without its compiled extension and only prints a warning.
         raise CollectiveError(
@@ -94,7 +79,7 @@ class HorovodCollective(MemberCollective):
     backend_name = "horovod"
 
     def __init__(self) -> None:
-        require_horovod("HorovodCollective")
+        require("horovod", "HorovodCollective")
         super().__init__()
         self._calls = itertools.count()
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from typing_extensions import override
 
+from accord.core.env_vars import env_number
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
 
@@ -31,15 +32,10 @@ def launched_by_horovod() -> bool:
 
 
 def _launcher_int(names: Iterable[str], default: int) -> int:
+    """The first of ``names`` that is set, as an integer; ``default`` when none is."""
     for name in names:
-        raw = os.environ.get(name)
-        if raw is not None:
-            try:
-                return int(raw)
-            except ValueError:
-                raise ConfigurationError(
-                    f"Environment variable {name}={raw!r} is not an integer."
-                ) from None
+        if name in os.environ:
+            return env_number(name, int, default)
     return default
 
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,7 @@ from typing_extensions import override
 from accord.accelerators.accelerator import Accelerator
 from accord.core.collective import Collective
 from accord.core.parallel import ParallelStrategy
-from accord.engines.horovod.collective import HorovodCollective, require_horovod
+from accord.engines.horovod.collective import HorovodCollective
 from accord.engines.horovod.dtypes import BFloat16AsFloat32
 from accord.engines.horovod.environment import HorovodEnvironment, launched_by_horovod
 from accord.engines.horovod.optimizer import (
@@ -61,6 +62,7 @@ from accord.engines.horovod.optimizer import (
 )
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
+from accord.imports import require
 from accord.precision import Precision
 
 __all__ = ["BFloat16AsFloat32", "HorovodStrategy", "launched_by_horovod"]
@@ -95,26 +97,28 @@ class HorovodStrategy(ParallelStrategy):
     def __init__(
         self,
         accelerator: Accelerator | None = None,
+        *,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
         collective: Collective | None = None,
         precision: Precision | None = None,
         num_nodes: int = 1,
-        *,
         backward_passes_per_step: int | None = None,
         compression: Any = None,
         gradient_predivide_factor: float = 1.0,
         debug: bool = False,
         **optimizer_kwargs: Any,
     ) -> None:
-        require_horovod("HorovodStrategy")
+        require("horovod", "HorovodStrategy")
         super().__init__(
             accelerator,
-            parallel_devices,
-            cluster_environment if cluster_environment is not None else HorovodEnvironment(),
-            collective,
-            precision,
-            num_nodes,
+            parallel_devices=parallel_devices,
+            cluster_environment=(
+                cluster_environment if cluster_environment is not None else HorovodEnvironment()
+            ),
+            collective=collective,
+            precision=precision,
+            num_nodes=num_nodes,
             debug=debug,
         )
         if backward_passes_per_step is not None and (
@@ -277,9 +281,12 @@ class HorovodStrategy(ParallelStrategy):
 
     # ------------------------------------------------------------ training step
     @override
-    def on_train_batch_start(self, batch_idx: int, last: bool) -> None:
-        """Note whether this is the epoch's last batch: its optimizer step then joins."""
+    def on_train_batch_start(self, batch_idx: int, last: bool, window_ends: bool = True) -> None:
+        """Note whether this is the epoch's last batch (its optimizer step then joins) and
+        whether its backward ends an accumulation window (then it waits for the
+        gradients)."""
         self._last_batch = last
+        self._window_ends = window_ends
 
     @override
     def no_backward_sync(
@@ -290,9 +297,14 @@ class HorovodStrategy(ParallelStrategy):
         return contextlib.nullcontext()
 
     @override
-    def backward(self, loss: torch.Tensor, module: nn.Module) -> None:
+    def backward(
+        self,
+        loss: torch.Tensor,
+        module: nn.Module,
+        backward_fn: Callable[[torch.Tensor], None] | None = None,
+    ) -> None:
         """Backpropagate; at the end of an accumulation window, wait for the gradients."""
-        super().backward(loss, module)
+        super().backward(loss, module, backward_fn)
         if self._window_ends:
             for optimizer in self._optimizers:
                 self._synchronize(optimizer)
@@ -311,8 +323,30 @@ class HorovodStrategy(ParallelStrategy):
         return super().clip_gradients(module, optimizer, max_norm)
 
     @override
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, module: nn.Module) -> None:
-        """Step on averaged gradients; after a rank's last batch of an epoch, `join`."""
+    def clip_gradients_value(
+        self, module: nn.Module, optimizer: torch.optim.Optimizer, clip_value: float
+    ) -> None:
+        """Clamp the averaged gradients (the reductions are waited for first)."""
+        self._synchronize(optimizer)
+        super().clip_gradients_value(module, optimizer, clip_value)
+
+    @override
+    def optimizer_step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        module: nn.Module,
+        closure: Callable[[], Any] | None = None,
+    ) -> None:
+        """Step on averaged gradients; after a rank's last batch of an epoch, `join`.
+
+        Raises:
+            ConfigurationError: an optimizer that needs a closure.
+        """
+        if closure is not None:
+            raise ConfigurationError(
+                f"{type(optimizer).__name__} needs a closure in step(), which Horovod's "
+                "DistributedOptimizer cannot run; use an optimizer without one."
+            )
         self._synchronize(optimizer)
         self._synchronized.discard(id(optimizer))
         with skip_synchronize(optimizer):

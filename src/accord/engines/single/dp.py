@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
+from lightning_utilities.core.rank_zero import WarningCache
 from torch import nn
 from typing_extensions import override
 
@@ -15,11 +15,13 @@ from accord.core.step_module import StepModule
 from accord.core.strategy import Strategy
 from accord.engines.single.collective import SingleDeviceCollective
 from accord.environments.cluster_environment import ClusterEnvironment
+from accord.errors import ConfigurationError
 from accord.precision import Precision
 
 __all__ = ["DPStrategy"]
 
-_warned_cpu = False
+# Each warning once per process, however many fits run in it.
+_WARNINGS = WarningCache()
 
 
 class DPStrategy(Strategy):
@@ -37,19 +39,52 @@ class DPStrategy(Strategy):
     def __init__(
         self,
         accelerator: Accelerator | None = None,
+        *,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
         collective: Collective | None = None,
         precision: Precision | None = None,
-        *,
         debug: bool = False,
     ) -> None:
-        super().__init__(accelerator, collective, cluster_environment, precision, debug=debug)
+        super().__init__(
+            accelerator,
+            collective=collective,
+            cluster_environment=cluster_environment,
+            precision=precision,
+            debug=debug,
+        )
         self.parallel_devices = parallel_devices or [torch.device("cpu")]
 
     @override
     def default_collective(self) -> Collective:
         return SingleDeviceCollective()
+
+    @override
+    def configure_devices(
+        self, devices: list[torch.device], num_nodes: int, environment: ClusterEnvironment
+    ) -> None:
+        """Replicate over this machine's devices.
+
+        Raises:
+            ConfigurationError: more than one node.
+        """
+        if num_nodes > 1:
+            raise ConfigurationError(
+                "strategy='dp' (DataParallel) runs in one process on one machine, but "
+                f"num_nodes={num_nodes}. Use strategy='ddp' for several machines."
+            )
+        self.parallel_devices = devices
+        super().configure_devices(devices, num_nodes, environment)
+
+    @property
+    @override
+    def compile_refusal(self) -> str | None:
+        """DataParallel's replicas would all run the original's compiled code."""
+        return (
+            "DataParallel copies the module onto each GPU every step, and each copy of a "
+            "compiled module would run the original's compiled code on the original's "
+            "weights."
+        )
 
     @property
     @override
@@ -58,17 +93,14 @@ class DPStrategy(Strategy):
 
     @override
     def setup_module(self, module: nn.Module) -> nn.Module:
-        global _warned_cpu
         module = super().setup_module(module)
         if self.root_device.type != "cuda":
-            if not _warned_cpu:
-                _warned_cpu = True
-                warnings.warn(
-                    "strategy='dp' on CPU runs one replica: DataParallel only splits batches "
-                    "across CUDA devices. Use strategy='ddp' to train with several CPU processes.",
-                    UserWarning,
-                    stacklevel=2,
-                )
+            _WARNINGS.warn(
+                "strategy='dp' on CPU runs one replica: DataParallel only splits batches "
+                "across CUDA devices. Use strategy='ddp' to train with several CPU processes.",
+                category=UserWarning,
+                stacklevel=6,  # the caller of setup_module, past WarningCache's own frames
+            )
             return nn.DataParallel(StepModule(module), device_ids=[])
         ids = [device.index for device in self.parallel_devices if device.index is not None]
         return nn.DataParallel(StepModule(module), device_ids=ids, output_device=ids[0])

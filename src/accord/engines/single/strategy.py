@@ -26,14 +26,20 @@ class SingleDeviceStrategy(OneDeviceStrategy):
     def __init__(
         self,
         device: torch.device | str | int = "cpu",
+        *,
         accelerator: Accelerator | None = None,
         collective: Collective | None = None,
         cluster_environment: ClusterEnvironment | None = None,
         precision: Precision | None = None,
-        *,
         debug: bool = False,
     ) -> None:
-        super().__init__(accelerator, collective, cluster_environment, precision, debug=debug)
+        super().__init__(
+            accelerator,
+            collective=collective,
+            cluster_environment=cluster_environment,
+            precision=precision,
+            debug=debug,
+        )
         self.device = torch.device(device)
         """The device this strategy trains on (the Trainer sets it from ``devices=``)."""
 

@@ -2,8 +2,9 @@
 
 Besides the contract's ops it provides what the torch engine's strategies run their own
 traffic on: the `process_group` (DDP's reducer) and a `device_mesh` over exactly its ranks
-(FSDP's shard all-gathers and reduce-scatters). A collective on a sub-group hands out that
-sub-group, so a strategy given one communicates only within it.
+(FSDP's shard all-gathers and reduce-scatters), built by `accord.engines.torch.topology`.
+A collective on a sub-group hands out that sub-group, so a strategy given one communicates
+only within it.
 
 A backend's own timeout inside an op (gloo: "Timed out waiting ... for recv operation")
 is raised as `CollectiveTimeoutError` naming the op; ``ACCORD_COLLECTIVE_TIMEOUT`` sets that
@@ -17,33 +18,28 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
-from math import prod
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.overrides import has_torch_function_unary
 from typing_extensions import Self, override
 
+from accord.core.buffers import byte_view
 from accord.core.collective import ReduceOp
-from accord.core.process_group import (
-    DEFAULT_TIMEOUT,
-    ProcessGroupCollective,
-    byte_view,
+from accord.core.process_group import ProcessGroupCollective
+from accord.engines.torch.topology import (
+    build_device_mesh,
+    check_membership,
+    group_members,
+    mesh_layout,
+    new_group,
 )
-from accord.core.rendezvous import DEFAULT_RENDEZVOUS_TIMEOUT, rendezvous_timeout
-from accord.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = [
-    "DEFAULT_RENDEZVOUS_TIMEOUT",
-    "DEFAULT_TIMEOUT",
-    "TorchCollective",
-    "default_torch_backend",
-    "rendezvous_timeout",
-]
+__all__ = ["TorchCollective", "default_torch_backend"]
 
 
 def default_torch_backend(device: torch.device | None = None) -> str:
@@ -117,22 +113,26 @@ class TorchCollective(ProcessGroupCollective):
         if self._ready:
             return self
         if self._group is not None:
-            self._check_membership(self._group)
-        super().setup(
+            check_membership(self._group, type(self).__name__)
+        return super().setup(
             rank=rank,
             world_size=world_size,
             main_address=main_address,
             main_port=main_port,
             **kwargs,
         )
+
+    @override
+    def _adopt(self) -> None:
         self._native_mean = _averages_natively(self.backend)
         import torch.distributed as dist
         from torch._C._distributed_c10d import AllgatherOptions
 
+        self._meshes.clear()
+        self._reduce_options.clear()
         self._direct = self.process_group
         self._coalescing = dist.distributed_c10d._world.pg_coalesce_state
         self._gather_options = AllgatherOptions()
-        return self
 
     def __getstate__(self) -> dict[str, Any]:
         # A process group and torch's options objects do not pickle: a copy calls the
@@ -143,20 +143,6 @@ class TorchCollective(ProcessGroupCollective):
         state["_reduce_options"] = {}
         state["_gather_options"] = None
         return state
-
-    def _check_membership(self, group: ProcessGroup) -> None:
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            raise ConfigurationError(
-                f"{type(self).__name__} was given a process group, but the default group it "
-                "belongs to is gone: build the collective after init_process_group."
-            )
-        if dist.get_rank(group) < 0:
-            raise ConfigurationError(
-                f"Rank {dist.get_rank()} is not a member of the process group given to "
-                f"{type(self).__name__}: build the collective only on the group's ranks."
-            )
 
     @override
     def _default_backend(self) -> str:
@@ -176,13 +162,8 @@ class TorchCollective(ProcessGroupCollective):
         members (it destroys the sub-group at teardown) and None on the other ranks.
         """
         self._require_setup("new_subgroup")
-        import torch.distributed as dist
-
-        members = sorted(set(ranks))
-        if not members or members[0] < 0 or members[-1] >= self._world_size:
-            raise ValueError(f"Sub-group ranks must lie in [0, {self._world_size}), got {ranks}.")
-        group = dist.new_group(members, timeout=self.timeout)
-        if self._rank not in members:
+        group = new_group(ranks, self._world_size, self.timeout)
+        if self._rank not in group_members(ranks):
             return None
         child = TorchCollective(self._backend, timeout=self.timeout, group=group).setup()
         child._created = True
@@ -219,46 +200,12 @@ class TorchCollective(ProcessGroupCollective):
                 not match it.
         """
         self._require_setup("device_mesh")
-        sizes = tuple(int(size) for size in shape)
-        names = tuple(mesh_dim_names) if mesh_dim_names is not None else None
-        if not sizes or prod(sizes) != self._world_size or min(sizes) < 1:
-            raise ConfigurationError(
-                f"A device mesh of shape {sizes} does not cover the {self._world_size} ranks "
-                f"of this {type(self).__name__}."
-            )
-        if names is not None and len(names) != len(sizes):
-            raise ConfigurationError(f"mesh_dim_names={names} must name each of {len(sizes)} dims.")
+        sizes, names = mesh_layout(shape, mesh_dim_names, self._world_size, type(self).__name__)
         kind = device_type or self.object_device.type
         key = (kind, sizes, names)
         if key not in self._meshes:
-            self._meshes[key] = self._build_mesh(kind, sizes, names)
+            self._meshes[key] = build_device_mesh(self._group, kind, sizes, names, self.timeout)
         return self._meshes[key]
-
-    def _build_mesh(
-        self, device_type: str, shape: tuple[int, ...], names: tuple[str, ...] | None
-    ) -> DeviceMesh:
-        import torch.distributed as dist
-        from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-
-        if self._group is None:
-            return init_device_mesh(device_type, shape, mesh_dim_names=names)
-        if len(shape) == 1:
-            return DeviceMesh.from_group(self._group, device_type, mesh_dim_names=names)
-        ranks = torch.tensor(dist.get_process_group_ranks(self._group)).view(shape)
-        me = dist.get_rank()
-        groups = []
-        for dim in range(len(shape)):
-            # Each row along ``dim`` is one group; only its members create it.
-            rows = ranks.movedim(dim, -1).reshape(-1, shape[dim]).tolist()
-            mine = next(row for row in rows if me in row)
-            group = dist.new_group(mine, timeout=self.timeout, use_local_synchronization=True)
-            groups.append(group)
-        return DeviceMesh.from_group(
-            groups,
-            device_type,
-            mesh=ranks,
-            mesh_dim_names=names or tuple(f"dim_{dim}" for dim in range(len(shape))),
-        )
 
     @property
     @override

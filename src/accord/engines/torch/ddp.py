@@ -4,14 +4,16 @@ DDP's reducer runs on the process group of the strategy's `TorchCollective`
 (`TorchCollective.process_group`, reached through any debug, statistics or watchdog
 wrappers), so a collective on a sub-group averages gradients within the sub-group.
 With ``gradient_sync="collective"`` every gradient bucket goes through the collective's
-own ``all_reduce`` instead; in debug mode (a `DebugCollective` among the wrappers) too, so
-the debug check fingerprints the gradient traffic along with the user's collectives.
+own ``all_reduce`` instead; so do they wherever the collective asks for an engine's own
+traffic (`Collective.wants_engine_traffic`: debug mode), so the debug check fingerprints
+the gradient traffic along with the user's collectives.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -25,7 +27,7 @@ from accord.accelerators.accelerator import Accelerator
 from accord.core.collective import Collective
 from accord.core.parallel import ParallelStrategy, StartMethod
 from accord.core.step_module import StepModule
-from accord.core.wrappers.debug import DebugCollective
+from accord.core.timeouts import DEFAULT_TIMEOUT
 from accord.core.wrappers.policy import has_layer
 from accord.engines.torch.collective import TorchCollective, default_torch_backend
 from accord.environments.cluster_environment import ClusterEnvironment
@@ -48,9 +50,6 @@ class DDPStrategy(ParallelStrategy):
             ``"popen"`` re-runs the script (the default, like ``torchrun``), ``"spawn"``
             and ``"fork"`` start them from this process. Under torchrun or SLURM nothing
             is started.
-        process_group_backend: ``"gloo"``, ``"nccl"`` or ``"mpi"`` (default: nccl on CUDA,
-            gloo otherwise) for the default `TorchCollective`.
-        timeout: seconds a collective may wait for the other ranks.
         gradient_sync: ``"native"`` lets DDP's reducer average gradients on the
             collective's process group, overlapped with backward; ``"collective"`` sends
             every gradient bucket through ``self.collective.all_reduce`` (a DDP comm hook),
@@ -63,13 +62,18 @@ class DDPStrategy(ParallelStrategy):
             where a backward often reaches only some parameters (a GAN's generator step
             leaves the discriminator's frozen by ``toggle_optimizer``).
         **ddp_kwargs: passed to `DistributedDataParallel`.
+        process_group_backend, timeout: as `ParallelStrategy` (the backend's default: nccl
+            on CUDA, gloo otherwise).
         accelerator, parallel_devices, cluster_environment, collective, precision, num_nodes, debug:
             as `ParallelStrategy`.
     """
 
+    survives_rank_loss = True
+
     def __init__(
         self,
         accelerator: Accelerator | None = None,
+        *,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
         collective: Collective | None = None,
@@ -77,7 +81,7 @@ class DDPStrategy(ParallelStrategy):
         num_nodes: int = 1,
         start_method: StartMethod = "popen",
         process_group_backend: str | None = None,
-        timeout: float | timedelta = 1800.0,
+        timeout: float | timedelta = DEFAULT_TIMEOUT,
         gradient_sync: GradientSync = "native",
         find_unused_parameters: bool | None = None,
         debug: bool = False,
@@ -85,20 +89,20 @@ class DDPStrategy(ParallelStrategy):
     ) -> None:
         super().__init__(
             accelerator,
-            parallel_devices,
-            cluster_environment,
-            collective,
-            precision,
-            num_nodes,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            collective=collective,
+            precision=precision,
+            num_nodes=num_nodes,
             start_method=start_method,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
             debug=debug,
         )
         if gradient_sync not in ("native", "collective"):
             raise ConfigurationError(
                 f"gradient_sync={gradient_sync!r}: use 'native' or 'collective'."
             )
-        self.process_group_backend = process_group_backend
-        self.timeout = timeout
         self.gradient_sync = gradient_sync
         self.ddp_kwargs = {"find_unused_parameters": find_unused_parameters, **ddp_kwargs}
         # Depth of `no_backward_sync` contexts entered for a manual backward.
@@ -144,9 +148,18 @@ class DDPStrategy(ParallelStrategy):
             process_group=self.process_group,
             **kwargs,
         )
-        if self.gradient_sync == "collective" or has_layer(self.collective, DebugCollective):
+        if self.gradient_sync == "collective" or self.collective.wants_engine_traffic:
             wrapped.register_comm_hook(self.collective, _ddp_gradient_bucket_hook)
         return wrapped
+
+    @override
+    def rewrap(self, module: nn.Module) -> nn.Module:
+        """A new `DistributedDataParallel` on the new group; the old wrapper's reducer lets
+        go of the parameters first (its hooks would reduce on the old group)."""
+        if not isinstance(module, DistributedDataParallel):
+            return module
+        module._remove_autograd_hooks()  # type: ignore[no-untyped-call]
+        return self.setup_module(self.unwrap(module))
 
     @property
     def process_group(self) -> dist.ProcessGroup | None:
@@ -178,7 +191,12 @@ class DDPStrategy(ParallelStrategy):
         return output
 
     @override
-    def backward(self, loss: torch.Tensor, module: nn.Module) -> None:
+    def backward(
+        self,
+        loss: torch.Tensor,
+        module: nn.Module,
+        backward_fn: Callable[[torch.Tensor], None] | None = None,
+    ) -> None:
         if (
             self.run_settings.manual_optimization
             and isinstance(module, DistributedDataParallel)
@@ -186,7 +204,7 @@ class DDPStrategy(ParallelStrategy):
             and torch.is_grad_enabled()
         ):
             _prepare_manual_backward(module, loss)
-        super().backward(loss, module)
+        super().backward(loss, module, backward_fn)
 
     def _can_carry_decision(self, ddp_kwargs: dict[str, Any]) -> bool:
         """Whether DDP's gradient reduction can carry the step decision: every backward
@@ -215,9 +233,13 @@ class DDPStrategy(ParallelStrategy):
         self, module: nn.Module, bits: int | torch.Tensor, loss: torch.Tensor | None
     ) -> torch.Tensor:
         # The parameter stays zero, so the term adds nothing to the loss's value; its
-        # gradient is ``bits`` in this rank's slot and zero in the others.
-        slots = self._decision_slots(module)
-        term = torch.dot(slots.param, slots.weights(bits))
+        # gradient is ``bits`` in this rank's slot and zero in the others. (Called on every
+        # batch: the cached slots and weights are looked up inline.)
+        slots = self._slots
+        if slots is None or slots.owner is not module:
+            slots = self._decision_slots(module)
+        weights = slots.by_bits.get(bits) if type(bits) is int else None
+        term = torch.dot(slots.param, weights if weights is not None else slots.weights(bits))
         if loss is not None:
             return loss + (term if term.dtype == loss.dtype else term.to(loss.dtype))
         # A skipped batch: zero gradients for every parameter, so this rank's reduction
@@ -228,7 +250,18 @@ class DDPStrategy(ParallelStrategy):
 
     @override
     def read_step_decision(self, module: nn.Module) -> list[int]:
-        return self._decision_slots(module).read()
+        slots = self._slots
+        if slots is None or slots.owner is not module:
+            slots = self._decision_slots(module)
+        return slots.read()
+
+    @override
+    def step_function(self, model: nn.Module, name: str) -> Callable[..., Any]:
+        """Under automatic optimization, the DDP wrapper's own call (its ``forward`` runs
+        the hook through the `StepModule`)."""
+        if isinstance(model, DistributedDataParallel) and not self.run_settings.manual_optimization:
+            return functools.partial(model, name)
+        return super().step_function(model, name)
 
     def _decision_slots(self, module: nn.Module) -> _DecisionSlots:
         slots = self._slots
@@ -318,24 +351,24 @@ class _DecisionSlots:
     of the DDP module ``owner``, with the weights that put a rank's bits in its own slot:
     the loop's term is ``dot(param, weights(bits))``, one autograd node."""
 
-    __slots__ = ("_weights", "owner", "param", "rank")
+    __slots__ = ("by_bits", "owner", "param", "rank")
 
     def __init__(self, owner: nn.Module, param: nn.Parameter, rank: int) -> None:
         self.owner = owner
         self.param = param
         self.rank = rank
         # Per value of integer bits (at most 8 values): built once, never written to.
-        self._weights: dict[int, torch.Tensor] = {}
+        self.by_bits: dict[int, torch.Tensor] = {}
 
     def weights(self, bits: int | torch.Tensor) -> torch.Tensor:
         """A constant vector: ``bits`` at this rank's slot, zero elsewhere."""
         if not isinstance(bits, int):
             return self.weights(1) * bits.to(self.param.dtype)
-        weights = self._weights.get(bits)
+        weights = self.by_bits.get(bits)
         if weights is None:
             weights = torch.zeros_like(self.param, requires_grad=False)
             weights[self.rank] = bits
-            self._weights[bits] = weights
+            self.by_bits[bits] = weights
         return weights
 
     def read(self) -> list[int]:

@@ -9,8 +9,9 @@ the wrap policy become units of their own and are gathered when they are called.
 FSDP shards over the device mesh the strategy's `TorchCollective` builds
 (`TorchCollective.device_mesh`), so its all-gathers and reduce-scatters run on that
 collective's process group: a collective on a sub-group shards within the sub-group.
-Checkpoints are sharded directories or full files (`accord.engines.torch.fsdp_checkpoint`),
-read and written by its base class `_FSDPState` (`accord.engines.torch.fsdp_state`).
+Checkpoints are sharded directories or full files
+(`accord.engines.torch.fsdp_checkpoint_directory`), read and written by its base class
+`_FSDPCheckpoints` (`accord.engines.torch.fsdp_strategy_checkpoints`).
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from typing_extensions import override
 from accord.accelerators.accelerator import Accelerator
 from accord.core.collective import Collective
 from accord.core.step_module import StepModule
+from accord.core.timeouts import DEFAULT_TIMEOUT
 from accord.engines.torch.collective import TorchCollective, default_torch_backend
-from accord.engines.torch.fsdp_checkpoint import META_FILE
-from accord.engines.torch.fsdp_state import StateDictType, _FSDPState
+from accord.engines.torch.fsdp_checkpoint_directory import META_FILE
+from accord.engines.torch.fsdp_strategy_checkpoints import StateDictType, _FSDPCheckpoints
 from accord.engines.torch.fsdp_units import fully_shard_options, shard_units
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
@@ -47,7 +49,7 @@ _SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD")
 _STATE_DICT_TYPES = ("sharded", "full")
 
 
-class FSDPStrategy(_FSDPState):
+class FSDPStrategy(_FSDPCheckpoints):
     """Fully sharded data parallel training on FSDP2 (`torch.distributed.fsdp.fully_shard`).
 
     Args:
@@ -65,10 +67,9 @@ class FSDPStrategy(_FSDPState):
         hybrid_shard_size: ranks per shard group for ``HYBRID_SHARD``; default: the
             processes on one node.
         state_dict_type: ``"sharded"`` or ``"full"``: how checkpoints are written
-            (`accord.engines.torch.fsdp_checkpoint`). Loading accepts both kinds.
-        process_group_backend: ``"gloo"``, ``"nccl"`` or ``"mpi"`` (default: nccl on CUDA,
-            gloo otherwise) for the default `TorchCollective`.
-        timeout: seconds a collective may wait for the other ranks.
+            (`accord.engines.torch.fsdp_checkpoint_directory`). Loading accepts both kinds.
+        process_group_backend, timeout: as `ParallelStrategy` (the backend's default: nccl
+            on CUDA, gloo otherwise).
         accelerator, parallel_devices, cluster_environment, precision, num_nodes, debug:
             as `ParallelStrategy`.
         collective: a `TorchCollective` or a subclass (wrapped or not); FSDP shards over
@@ -88,12 +89,12 @@ class FSDPStrategy(_FSDPState):
     def __init__(
         self,
         accelerator: Accelerator | None = None,
+        *,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
         collective: Collective | None = None,
         precision: Precision | None = None,
         num_nodes: int = 1,
-        *,
         auto_wrap_policy: set[type[nn.Module]] | None = None,
         min_num_params: int = 100_000,
         cpu_offload: bool = False,
@@ -101,16 +102,18 @@ class FSDPStrategy(_FSDPState):
         hybrid_shard_size: int | None = None,
         state_dict_type: StateDictType = "sharded",
         process_group_backend: str | None = None,
-        timeout: float | timedelta = 1800.0,
+        timeout: float | timedelta = DEFAULT_TIMEOUT,
         debug: bool = False,
     ) -> None:
         super().__init__(
             accelerator,
-            parallel_devices,
-            cluster_environment,
-            collective,
-            precision,
-            num_nodes,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            collective=collective,
+            precision=precision,
+            num_nodes=num_nodes,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
             debug=debug,
         )
         if sharding_strategy not in _SHARDING_STRATEGIES:
@@ -131,8 +134,6 @@ class FSDPStrategy(_FSDPState):
         self.sharding_strategy = sharding_strategy
         self.hybrid_shard_size = hybrid_shard_size
         self.state_dict_type = state_dict_type
-        self.process_group_backend = process_group_backend
-        self.timeout = timeout
         self.device_mesh: DeviceMesh | None = None
         self._model: nn.Module | None = None
         self._optimizers: list[torch.optim.Optimizer] = []
@@ -236,6 +237,12 @@ class FSDPStrategy(_FSDPState):
         if enabled and isinstance(module, FSDPModule):
             return _without_gradient_sync(module)
         return contextlib.nullcontext()
+
+    @override
+    def evaluation_context(self, inference_mode: bool) -> contextlib.AbstractContextManager[Any]:
+        """`torch.no_grad` always: FSDP's parameter handling does not run under
+        `torch.inference_mode`."""
+        return torch.no_grad()
 
     @override
     def clip_gradients(

@@ -2,30 +2,19 @@
 
 from __future__ import annotations
 
-import functools
-import importlib
 import os
 
 import torch
 from typing_extensions import override
 
 from accord.accelerators.accelerator import Accelerator
-from accord.engines.xla.collective import TORCH_XLA_AVAILABLE
+from accord.core.env_vars import env_number
 from accord.errors import ConfigurationError, MissingDependencyError
+from accord.imports import import_problem, require
 
 __all__ = ["XLAAccelerator"]
 
-
-@functools.cache
-def _import_error() -> str | None:
-    """Why torch_xla cannot be used here ("" when it is not installed), or None when it can."""
-    if not TORCH_XLA_AVAILABLE:
-        return ""
-    try:
-        importlib.import_module("torch_xla")
-    except ImportError as err:  # installed for another torch release, typically
-        return str(err)
-    return None
+_FEATURE = "accelerator='xla'"
 
 
 class XLAAccelerator(Accelerator):
@@ -41,22 +30,21 @@ class XLAAccelerator(Accelerator):
     @classmethod
     def checked(cls) -> XLAAccelerator:
         """An instance, or `MissingDependencyError` saying how to install torch_xla."""
-        reason = _import_error()
-        if reason == "":
-            raise MissingDependencyError("accelerator='xla'", "torch_xla", "xla")
+        require("torch_xla", _FEATURE)
+        reason = import_problem("torch_xla")
         if reason is not None:
             raise MissingDependencyError(
-                f"accelerator='xla' (the installed torch_xla does not import: {reason}; it "
-                "needs the torch release it was built for)",
+                _FEATURE,
                 "torch_xla",
                 "xla",
+                reason=f"does not import ({reason}; it needs the torch release it was built for)",
             )
         return cls()
 
     @staticmethod
     @override
     def is_available() -> bool:
-        return _import_error() is None
+        return import_problem("torch_xla") is None
 
     @staticmethod
     @override
@@ -70,7 +58,7 @@ class XLAAccelerator(Accelerator):
             from torch_xla._internal import tpu
 
             return int(tpu.num_available_devices())
-        return int(os.environ.get("CPU_NUM_DEVICES", "1"))
+        return env_number("CPU_NUM_DEVICES", int, 1)
 
     @override
     def get_parallel_devices(self, devices: list[int]) -> list[torch.device]:

@@ -11,13 +11,15 @@ CPU copies.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
 from torch import nn
 from typing_extensions import override
 
-from accord.checkpoint_io import save_checkpoint_file
+from accord.checkpoint.writing import save_checkpoint_file
 from accord.core.collective import Collective
 from accord.core.strategy import Strategy, move_to_device
 from accord.engines.xla.collective import XLACollective, launch, parameters_with_gradients
@@ -48,6 +50,15 @@ class XLAStrategyBase(Strategy):
     def needs_own_process(self) -> bool:
         """True: torch_xla's runtime stays in the process that starts it (see `Strategy`)."""
         return True
+
+    @property
+    @override
+    def compile_refusal(self) -> str | None:
+        """XLA traces the step into graphs of its own; a compiled model is not run here."""
+        return (
+            "XLA traces each step into a graph of its own, and torch.compile's default "
+            "backend does not run on XLA devices."
+        )
 
     def _xla_device(self) -> torch.device:
         import torch_xla
@@ -86,6 +97,11 @@ class XLAStrategyBase(Strategy):
         return {}  # XLA ranks come from the runtime
 
     @override
+    def evaluation_context(self, inference_mode: bool) -> contextlib.AbstractContextManager[Any]:
+        """`torch.no_grad` always: XLA's lazy tensors do not run under inference mode."""
+        return torch.no_grad()
+
+    @override
     def step(self, model: nn.Module, name: str, *args: Any) -> Any:
         output = super().step(model, name, *args)
         if name in _EVAL_STEPS:
@@ -113,7 +129,24 @@ class XLAStrategyBase(Strategy):
         return super().clip_gradients(module, optimizer, max_norm)
 
     @override
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, module: nn.Module) -> None:
+    def clip_gradients_value(
+        self, module: nn.Module, optimizer: torch.optim.Optimizer, clip_value: float
+    ) -> None:
+        self._average_gradients(optimizer)
+        super().clip_gradients_value(module, optimizer, clip_value)
+
+    @override
+    def optimizer_step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        module: nn.Module,
+        closure: Callable[[], Any] | None = None,
+    ) -> None:
+        if closure is not None:
+            raise ConfigurationError(
+                f"{type(optimizer).__name__} needs a closure in step(); the XLA strategies "
+                "step without one. Use an optimizer without a closure."
+            )
         if id(optimizer) in self._reduced or self.gradient_sync == "collective":
             if id(optimizer) not in self._reduced:
                 self._average_gradients(optimizer)

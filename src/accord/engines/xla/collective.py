@@ -45,24 +45,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from lightning_utilities.core.imports import RequirementCache
 from typing_extensions import Self, override
 
 from accord.core.collective import ReduceOp
 from accord.core.membership import MemberCollective
-from accord.core.process_group import DEFAULT_TIMEOUT, timeout_from_env
-from accord.errors import CollectiveTimeoutError, MissingDependencyError
+from accord.core.timeouts import DEFAULT_TIMEOUT, timeout_from_env
+from accord.errors import CollectiveTimeoutError
+from accord.imports import require
 
-__all__ = [
-    "TORCH_XLA_AVAILABLE",
-    "XLACollective",
-    "launch",
-    "parameters_with_gradients",
-    "require_torch_xla",
-]
-
-TORCH_XLA_AVAILABLE = RequirementCache("torch_xla")
-"""Whether torch_xla is installed: truthy or not, read once and without importing it."""
+__all__ = ["XLACollective", "launch", "parameters_with_gradients"]
 
 _REDUCE_TYPES = {
     ReduceOp.SUM: "sum",
@@ -103,12 +94,6 @@ def _gate(parties: int) -> threading.Barrier:
         if gate is None:
             gate = _GATES[parties] = threading.Barrier(parties)
         return gate
-
-
-def require_torch_xla(feature: str) -> None:
-    """Raise `MissingDependencyError` for ``feature`` unless torch_xla is installed."""
-    if not TORCH_XLA_AVAILABLE:
-        raise MissingDependencyError(feature, "torch_xla", "xla")
 
 
 def launch(tensors: Sequence[torch.Tensor] | None = None) -> None:
@@ -161,7 +146,7 @@ class XLACollective(MemberCollective):
     backend_name = "torch_xla"
 
     def __init__(self) -> None:
-        require_torch_xla("XLACollective")
+        require("torch_xla", "XLACollective")
         super().__init__()
         self._device: torch.device | None = None
         self._shares_process = False

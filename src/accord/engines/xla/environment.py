@@ -6,8 +6,9 @@ import os
 
 from typing_extensions import override
 
-from accord.engines.xla.collective import TORCH_XLA_AVAILABLE, require_torch_xla
+from accord.core.env_vars import env_number
 from accord.environments.cluster_environment import ClusterEnvironment
+from accord.imports import TORCH_XLA_AVAILABLE, require
 
 __all__ = ["XLAEnvironment"]
 
@@ -31,7 +32,7 @@ class XLAEnvironment(ClusterEnvironment):
     """
 
     def __init__(self) -> None:
-        require_torch_xla("XLAEnvironment")
+        require("torch_xla", "XLAEnvironment")
         self._world_size = 1
         self._global_rank = 0
 
@@ -56,7 +57,7 @@ class XLAEnvironment(ClusterEnvironment):
     @property
     @override
     def main_port(self) -> int:
-        return int(os.environ.get("XLA_COORDINATOR_PORT", _DEFAULT_COORDINATOR_PORT))
+        return env_number("XLA_COORDINATOR_PORT", int, _DEFAULT_COORDINATOR_PORT)
 
     @staticmethod
     @override

@@ -43,11 +43,11 @@ from accord.core.one_device import OneDeviceStrategy
 from accord.core.parallel import ParallelStrategy
 from accord.engines.xla.accelerator import XLAAccelerator
 from accord.engines.xla.base import GradientSync, XLAStrategyBase
-from accord.engines.xla.collective import require_torch_xla
 from accord.engines.xla.environment import XLAEnvironment
 from accord.engines.xla.launcher import XLALauncher
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
+from accord.imports import require
 from accord.precision import Precision
 
 __all__ = ["SingleDeviceXLAStrategy", "XLAStrategy"]
@@ -85,29 +85,31 @@ class XLAStrategy(XLAStrategyBase, ParallelStrategy):
     def __init__(
         self,
         accelerator: Accelerator | None = None,
+        *,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
         collective: Collective | None = None,
         precision: Precision | None = None,
         num_nodes: int = 1,
-        *,
         gradient_sync: GradientSync = "native",
         sync_module_states: bool = True,
         failure_grace: float = 5.0,
         debug: bool = False,
     ) -> None:
-        require_torch_xla("strategy='xla'")
+        require("torch_xla", "strategy='xla'")
         if gradient_sync not in ("native", "collective"):
             raise ConfigurationError(
                 f"gradient_sync={gradient_sync!r}: use 'native' or 'collective'."
             )
         super().__init__(
             _xla_accelerator(accelerator),
-            parallel_devices,
-            cluster_environment if cluster_environment is not None else XLAEnvironment(),
-            collective,
-            precision,
-            num_nodes,
+            parallel_devices=parallel_devices,
+            cluster_environment=(
+                cluster_environment if cluster_environment is not None else XLAEnvironment()
+            ),
+            collective=collective,
+            precision=precision,
+            num_nodes=num_nodes,
             debug=debug,
         )
         self.gradient_sync = gradient_sync
@@ -185,16 +187,20 @@ class SingleDeviceXLAStrategy(XLAStrategyBase, OneDeviceStrategy):
     def __init__(
         self,
         device: torch.device | str | int = "xla",
+        *,
         accelerator: Accelerator | None = None,
         collective: Collective | None = None,
         cluster_environment: ClusterEnvironment | None = None,
         precision: Precision | None = None,
-        *,
         debug: bool = False,
     ) -> None:
-        require_torch_xla("strategy='single_xla'")
+        require("torch_xla", "strategy='single_xla'")
         super().__init__(
-            _xla_accelerator(accelerator), collective, cluster_environment, precision, debug=debug
+            _xla_accelerator(accelerator),
+            collective=collective,
+            cluster_environment=cluster_environment,
+            precision=precision,
+            debug=debug,
         )
         self.device = (
             torch.device("xla", device) if isinstance(device, int) else torch.device(device)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import traceback
 from collections.abc import Iterable, Sequence
 
 import torch
 
+from accord.core.env_vars import env_number
 from accord.testing.conformance.check import Check, CheckContext, CollectiveFactory, Mode
 from accord.testing.conformance.expect import BrokenContractError
 from accord.testing.conformance.report import ConformanceReport, Violation
@@ -128,8 +128,8 @@ def run_checks_in_this_process(
         ValueError: an unknown check name.
     """
     selected = select(checks)
-    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
-    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+    rank = env_number("RANK", int, 0) if rank is None else rank
+    world_size = env_number("WORLD_SIZE", int, 1) if world_size is None else world_size
     return run_rank(rank, world_size, factory, selected, Mode.IN_PROCESS)
 
 
