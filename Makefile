@@ -9,7 +9,7 @@ EXTRAS := dev
 # paths, so each venv keeps its own (and `make clean` removes it with the venv).
 export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
-.PHONY: test lint typecheck docs unit demo bench clean
+.PHONY: test lint typecheck docs unit demo bench clean coverage
 
 # Benchmarks get a venv of their own: the peers (Lightning, Accelerate) never enter .venv.
 BENCH_VENV := .venv-bench
@@ -38,6 +38,13 @@ unit: $(VENV)/.installed $(VENV)/.deepspeed-built
 	rm -f .coverage .coverage.*
 	$(BIN)/coverage run -m pytest $(PYTEST_ARGS)
 	$(BIN)/coverage combine -q
+	$(BIN)/coverage report
+
+# The lanes below measure branch coverage too, each with its own venv's coverage, into data
+# files beside unit's .coverage; every venv runs this checkout's src/, so the paths agree.
+# `make coverage` adds the lanes' files to .coverage and prints the total.
+coverage: $(VENV)/.installed
+	@if ls .coverage.* >/dev/null 2>&1; then $(BIN)/coverage combine -q --append; fi
 	$(BIN)/coverage report
 
 # The documentation site (docs/, mkdocs.yml), built offline; --strict fails on any warning.
@@ -70,7 +77,7 @@ $(HVD_VENV)/.installed: pyproject.toml Makefile scripts/build_horovod_wheel.sh |
 	touch $@
 
 test-horovod: $(HVD_VENV)/.installed
-	$(HVD_BIN)/python -m pytest tests/strategies/test_horovod.py $(PYTEST_ARGS)
+	$(HVD_BIN)/coverage run -m pytest tests/strategies/test_horovod.py $(PYTEST_ARGS)
 
 clean-horovod:
 	rm -rf $(HVD_VENV)
@@ -98,17 +105,13 @@ $(XLA_BIN)/python:
 $(XLA_VENV)/.installed: pyproject.toml Makefile | $(XLA_BIN)/python
 	@$(MAKE) --no-print-directory xla-disk
 	$(XLA_BIN)/pip install -q --disable-pip-version-check $(XLA_PINS) 'pytest>=8' \
-		'pytest-timeout>=2.2' 'lightning-utilities>=0.10' 'typing-extensions>=4.7' 'tqdm>=4.60'
+		'pytest-timeout>=2.2' 'coverage[toml]>=7.10' 'lightning-utilities>=0.10' \
+		'typing-extensions>=4.7' 'tqdm>=4.60'
 	$(XLA_BIN)/pip install -q --disable-pip-version-check --no-deps -e .
 	touch $@
 
-# XLA's CPU runtime now and then ends the ranks' process abruptly ("terminated abruptly
-# while the future was running"), in about one lane run in two on this machine, a different
-# test each time; failed tests get up to two reruns.
-XLA_PYTEST := PJRT_DEVICE=CPU $(XLA_BIN)/python -m pytest tests/strategies/test_xla.py $(PYTEST_ARGS)
-
 test-xla: $(XLA_VENV)/.installed
-	$(XLA_PYTEST) || $(XLA_PYTEST) --last-failed || $(XLA_PYTEST) --last-failed
+	PJRT_DEVICE=CPU $(XLA_BIN)/coverage run -m pytest tests/strategies/test_xla.py $(PYTEST_ARGS)
 
 clean-xla:
 	rm -rf $(XLA_VENV)
@@ -122,8 +125,8 @@ SLURM_CLUSTER := scripts/slurm_cluster.sh
 
 test-slurm: $(VENV)/.installed
 	$(SLURM_CLUSTER) start || { $(SLURM_CLUSTER) stop; exit 1; }
-	SLURM_CONF=$(abspath ci/slurm/slurm.conf) $(BIN)/python -m pytest tests/slurm $(PYTEST_ARGS) \
-		|| { $(SLURM_CLUSTER) stop; exit 1; }
+	SLURM_CONF=$(abspath ci/slurm/slurm.conf) $(BIN)/coverage run -m pytest tests/slurm \
+		$(PYTEST_ARGS) || { $(SLURM_CLUSTER) stop; exit 1; }
 	$(SLURM_CLUSTER) stop
 
 # The constraints file holds torch at TORCH_PIN while pip resolves the peers' requirements.

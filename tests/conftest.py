@@ -1,40 +1,17 @@
-"""Shared test settings and fixtures."""
+"""Shared test settings; the shared helpers are in `tests.helpers`."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
-import pytest
 import torch
+
+from accord.testing import set_start_method
+from tests.helpers.processes import RANK_PRELOAD
 
 torch.set_num_threads(max(1, (os.cpu_count() or 1) // 2))
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def run_python(
-    args: list[str], timeout: float = 180, env: dict[str, str] | None = None, check: bool = True
-) -> subprocess.CompletedProcess[str]:
-    """Run ``python args...`` in a fresh process; fail the test with its output if it fails."""
-    child_env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT", "MASTER_ADDR")
-    }
-    child_env.update(env or {})
-    result = subprocess.run(
-        [sys.executable, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=child_env,
-        cwd=ROOT,
-    )
-    if check and result.returncode != 0:
-        pytest.fail(
-            f"python {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
-        )
-    return result
+# Test ranks (run_distributed, the conformance suite, assert_strategies_agree) fork from a
+# server that imported torch, accord and the test helpers once, instead of importing them
+# again in each rank. Tests of accord's launchers start their processes as users do.
+set_start_method("forkserver", preload=RANK_PRELOAD)

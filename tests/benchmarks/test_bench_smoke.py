@@ -14,12 +14,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.processes import ROOT
+
 BENCH = ROOT / "benchmarks"
 SCRIPTS = {
     "import": ["bench_import.py"],

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from models import LinearModel, flat_weights, loader
 
 import accord
 from accord.collectives import (
@@ -27,6 +26,7 @@ from accord.core.wrappers.recorder import RecordingCollective
 from accord.errors import CollectiveTimeoutError
 from accord.strategies import DDPStrategy
 from accord.testing import run_conformance, run_distributed
+from tests.helpers.models import LinearModel, flat_weights, loader
 
 
 class AsyncForgetsTheMean(TorchCollective):

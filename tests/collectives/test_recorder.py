@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import torch
-from models import LinearModel, loader
 
 import accord
 from accord.callbacks import Callback
@@ -29,6 +28,7 @@ from accord.testing import run_distributed
 from accord.trace import first_divergence, load, summarize
 from accord.trace.__main__ import main as trace_main
 from accord.trace.records import RankCalls
+from tests.helpers.models import LinearModel, loader
 
 THIS_FILE = str(Path(__file__).resolve())
 

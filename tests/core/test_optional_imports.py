@@ -7,7 +7,6 @@ import pickle
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,8 +14,7 @@ from lightning_utilities.core.imports import RequirementCache
 
 from accord.errors import MissingDependencyError
 from accord.imports import OPTIONAL_PACKAGES, OptionalPackage, import_optional, require
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.processes import ROOT
 
 
 def test_the_table_holds_the_versions_of_the_pip_extras() -> None:

@@ -27,7 +27,8 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.processes import ROOT
+
 DOCS = ROOT / "docs"
 REFERENCE = DOCS / "reference"
 

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import torch
-from models import LinearModel, loader
 
 import accord
 from accord.callbacks import EarlyStopping, ModelCheckpoint
@@ -25,6 +24,7 @@ from accord.errors import (
     ConfigurationError,
 )
 from accord.strategies import DDPStrategy, StrategyRegistry
+from tests.helpers.models import LinearModel, loader
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -368,7 +368,7 @@ CASES: list[Case] = [
         "checkpoint-unsafe-objects",
         lambda t: load_checkpoint_file(_opaque(t)),
         CheckpointError,
-        r"refuses to unpickle: test_bad_inputs\._Opaque\. .*weights_only=False",
+        r"refuses to unpickle: tests\.reliability\.test_bad_inputs\._Opaque\. .*weights_only=False",
     ),
     (
         "checkpoint-is-a-text-file",

@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 import torch
-from models import LinearModel, loader
 
 import accord
 from accord.checkpoint import load_checkpoint_file, save_checkpoint_file
 from accord.errors import CheckpointError
 from accord.strategies import FSDPStrategy
 from accord.testing import run_distributed
-from conftest import run_python
+from tests.helpers.models import LinearModel, loader
+from tests.helpers.processes import ROOT, run_python
 
 WRITER = """
 import sys, torch
@@ -69,7 +69,6 @@ def test_a_failed_write_leaves_no_temporary_file(tmp_path: Path) -> None:
 # ----------------------------------------------------------- ModelCheckpoint's saves
 
 BIG_FIT = Path(__file__).parent / "scripts" / "big_fit.py"
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _finished(directory: Path) -> list[Path]:

@@ -17,34 +17,19 @@ from typing import Any
 
 import pytest
 import torch
-from test_resume_matrix import SAMPLES, SAVE_STEP, _fit, _saved
 
 from accord.checkpoint import checkpoint_format, load_checkpoint_file, read_checkpoint
 from accord.testing import run_distributed
+from tests.helpers.resume import SAMPLES, SAVE_STEP, MidEpochSaves, fit, saved_path
 
 SAVED = ("single_device", "ddp", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3")
 SHARDED = {"fsdp", "deepspeed_stage_2", "deepspeed_stage_3"}
 
 
-def _save_two_rank(rank: int, world_size: int, root: Path, names: tuple[str, ...]) -> None:
-    for name in names:
-        _fit(name, 2, _saved(root, name), save_step=SAVE_STEP)
-
-
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def saved(mid_epoch_saves: MidEpochSaves) -> Path:
     """A mid-epoch checkpoint of each strategy."""
-    root = tmp_path_factory.mktemp("cli")
-    names: tuple[str, ...] = ("ddp", "fsdp")
-    try:
-        import deepspeed  # noqa: F401
-
-        names += ("deepspeed_stage_2", "deepspeed_stage_3")
-    except ImportError:
-        pass
-    run_distributed(_save_two_rank, 2, root, names, timeout=400)
-    _fit("single_device", 1, _saved(root, "single_device"), save_step=SAVE_STEP)
-    return root
+    return mid_epoch_saves[0]
 
 
 def _command(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -60,7 +45,7 @@ def _command(*args: str | Path) -> subprocess.CompletedProcess[str]:
 
 
 def _path(root: Path, name: str) -> Path:
-    path = _saved(root, name)
+    path = saved_path(root, name)
     if not path.exists():
         pytest.skip(f"no {name} checkpoint (needs deepspeed: pip install 'accord[deepspeed]')")
     return path
@@ -107,7 +92,7 @@ def test_convert_to_full_keeps_every_tensor(saved: Path, name: str, tmp_path: Pa
 
 
 def _fsdp_resume(rank: int, world_size: int, source: Path, final: Path) -> list[tuple[int, int]]:
-    return _fit("fsdp", world_size, final, ckpt_path=source)
+    return fit("fsdp", world_size, final, ckpt_path=source)
 
 
 @pytest.mark.parametrize("name", SAVED)
@@ -131,9 +116,9 @@ def test_convert_to_sharded_keeps_every_tensor_keyed_by_name(
 def test_a_sharded_directory_written_in_one_process_resumes_fsdp_on_2_and_3_ranks(
     saved: Path, tmp_path: Path
 ) -> None:
-    source = _saved(saved, "deepspeed_stage_3")
+    source = saved_path(saved, "deepspeed_stage_3")
     if not source.exists():
-        source = _saved(saved, "ddp")
+        source = saved_path(saved, "ddp")
     target = tmp_path / "sharded.ckpt"
     assert _command("convert", source, target, "--to", "sharded").returncode == 0
     seen = {}

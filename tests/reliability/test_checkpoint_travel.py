@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import torch
-from models import loader
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -30,6 +29,7 @@ from accord.checkpoint import (
 from accord.errors import CheckpointError
 from accord.strategies import FSDPStrategy
 from accord.testing import run_distributed
+from tests.helpers.models import loader
 
 # DDP and FSDP run the same float32 arithmetic up to the order of a few sums (~1e-9 apart
 # here); a lost Adam moment or a scheduler that restarted moves the weights by 1e-3 or more.

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import torch
-from models import LinearModel, loader
 from torch import nn
 
 import accord
@@ -18,6 +17,7 @@ from accord.core.wrappers.debug import DebugCollective
 from accord.errors import CollectiveMismatchError
 from accord.strategies import DDPStrategy
 from accord.testing import run_distributed
+from tests.helpers.models import LinearModel, loader
 
 SKIP_AT = 2
 

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 import torch
-from models import LinearModel, loader
 
 import accord
 from accord.collectives import TorchCollective
@@ -16,6 +15,7 @@ from accord.core.wrappers.stats import InstrumentedCollective
 from accord.errors import CollectiveMismatchError
 from accord.strategies import DDPStrategy
 from accord.testing import run_distributed
+from tests.helpers.models import LinearModel, loader
 
 
 class LogsMoreOnRankOne(LinearModel):

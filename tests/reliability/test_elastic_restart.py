@@ -18,7 +18,7 @@ import accord
 from accord.environments import LocalEnvironment
 from accord.strategies import DDPStrategy
 from accord.trainer.recovery import restart_checkpoint
-from conftest import ROOT, run_python
+from tests.helpers.processes import ROOT, run_python
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "preempt_fit.py")
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from accord.errors import CollectiveError
-
-STRATEGIES = Path(__file__).parents[1] / "strategies"
+from tests.helpers.processes import ROOT
 
 # Rank 0 is the launching process; mid-fit it lists every TCP listener that it and the
 # ranks it started own, and writes them to the file named by argv[1].
@@ -25,11 +24,10 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, {str(STRATEGIES)!r})
-sys.path.insert(0, {str(Path(__file__).parent)!r})
+sys.path.insert(0, {str(ROOT)!r})
 
-from models import LinearModel, loader
-from test_loopback import job_listeners
+from tests.helpers.models import LinearModel, loader
+from tests.reliability.test_loopback import job_listeners
 
 import accord
 

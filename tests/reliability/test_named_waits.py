@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_python
+from tests.helpers.processes import ROOT, run_python
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "stall.py")
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")

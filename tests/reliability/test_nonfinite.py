@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import torch
-from models import CountingCollective, LinearModel, flat_weights, loader
 from torch import nn
 
 import accord
@@ -19,7 +18,8 @@ from accord.errors import ConfigurationError, NonFiniteValueError
 from accord.strategies import DDPStrategy
 from accord.testing import run_distributed
 from accord.trainer.step_decision import carried_decision, decide_step
-from conftest import run_python
+from tests.helpers.models import CountingCollective, LinearModel, flat_weights, loader
+from tests.helpers.processes import run_python
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "preempt_fit.py")
 NAN_STEP = 5

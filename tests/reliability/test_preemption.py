@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 import torch
-from models import LinearModel, loader
 
 import accord
 from accord.callbacks import Callback
@@ -25,7 +24,8 @@ from accord.checkpoint import read_checkpoint
 from accord.errors import PREEMPTED_EXIT_CODE, ConfigurationError, Preempted
 from accord.launchers.launcher import FORWARDED_SIGNALS, SignalForwarder
 from accord.trainer.preemption import PREEMPTION_CHECKPOINT_NAME, SignalFlag, parse_signals
-from conftest import run_python
+from tests.helpers.models import LinearModel, loader
+from tests.helpers.processes import run_python
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "preempt_fit.py")
 SIGNAL_STEP = 10

@@ -13,18 +13,18 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from models import FailingModel, LostPeerModel, loader
 
 import accord
 from accord.errors import CollectiveTimeoutError, RankFailureError, is_communication_error
 from accord.testing import run_distributed
+from tests.helpers.models import FailingModel, LostPeerModel, loader
+from tests.helpers.processes import ROOT
 
-STRATEGIES = Path(__file__).parents[1] / "strategies"
-SCRIPT = str(STRATEGIES / "scripts" / "fit.py")
+SCRIPT = str(ROOT / "tests" / "strategies" / "scripts" / "fit.py")
 
 
 def _ddp_script(model: str, before: str = "", after: str = "") -> str:
-    """A two-rank ddp script (one epoch on the CPU) that fits ``model``, a ``models`` class
+    """A two-rank ddp script (one epoch on the CPU) that fits ``model``, a `tests.helpers.models` class
     called with its arguments, with ``before`` and ``after`` the fit."""
     return f"""
 import atexit
@@ -32,9 +32,9 @@ import os
 import sys
 import time
 
-sys.path.insert(0, {str(STRATEGIES)!r})
+sys.path.insert(0, {str(ROOT)!r})
 
-from models import {model.partition("(")[0]}, loader
+from tests.helpers.models import {model.partition("(")[0]}, loader
 
 import accord
 

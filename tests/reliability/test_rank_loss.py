@@ -25,7 +25,7 @@ import torch
 from accord import Trainer
 from accord.errors import ConfigurationError
 from accord.strategies import DDPStrategy
-from conftest import ROOT, run_python
+from tests.helpers.processes import ROOT, run_python
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "rank_loss_fit.py")
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from models import LinearModel, loader
 
 import accord
 from accord.errors import CheckpointError
 from accord.strategies import FSDPStrategy
 from accord.testing import run_distributed
+from tests.helpers.models import LinearModel, loader
 
 
 class _CreatesAFile:

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from models import LinearModel, loader
 
 import accord
 from accord.errors import CheckpointError
 from accord.strategies import consolidate_deepspeed_checkpoint
 from accord.testing import run_distributed
+from tests.helpers.models import LinearModel, loader
 
 TIMEOUT = 240.0  # generous: the first DeepSpeed engine may build its extension
 SYSTEM = f"{os.system.__module__}.system"  # posix.system here

@@ -4,11 +4,11 @@ a `ConfigurationError` that says what and how to avoid it, not a raw pickling er
 from __future__ import annotations
 
 import pytest
-from models import LinearModel, regression_data
 from torch.utils.data import DataLoader
 
 import accord
 from accord.errors import ConfigurationError
+from tests.helpers.models import LinearModel, regression_data
 
 
 @pytest.mark.timeout(60)

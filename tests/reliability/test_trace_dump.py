@@ -14,7 +14,7 @@ from accord.core.wrappers.policy import wrap_collective
 from accord.errors import CollectiveError
 from accord.testing import run_distributed
 from accord.trace import first_divergence, load
-from conftest import run_python
+from tests.helpers.processes import run_python
 
 SCRIPT = Path(__file__).parent / "scripts" / "skip_barrier.py"
 THIS_FILE = str(Path(__file__).resolve())

@@ -11,7 +11,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from slurm_jobs import ROOT, job_env, job_state, lane_marks, output, run, sbatch, wait_for_job
+
+from tests.helpers.slurm import (
+    ROOT,
+    job_env,
+    job_state,
+    lane_marks,
+    output,
+    run,
+    sbatch,
+    wait_for_job,
+)
 
 pytestmark = lane_marks()
 

@@ -9,9 +9,18 @@ from typing import Any
 
 import pytest
 import torch
-from slurm_jobs import ROOT, SCRIPTS, job_env, lane_marks, output, run, sbatch, wait_for_job
 
 from accord.environments import SLURMEnvironment
+from tests.helpers.slurm import (
+    ROOT,
+    SCRIPTS,
+    job_env,
+    lane_marks,
+    output,
+    run,
+    sbatch,
+    wait_for_job,
+)
 
 pytestmark = lane_marks()
 

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from models import LinearModel, loader
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 import accord
 from accord.errors import ConfigurationError
 from accord.testing import run_distributed
+from tests.helpers.models import LinearModel, loader
 
 TIMEOUT = 240.0  # a DeepSpeed job may compile DeepSpeed's extension first (see test_deepspeed)
 

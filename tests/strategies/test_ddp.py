@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 import torch
-from models import CountingCollective, LinearModel, flat_weights, loader
 
 import accord
 from accord.collectives import ReduceOpLike, TorchCollective
 from accord.environments.local import find_free_port
 from accord.strategies import DDPStrategy
 from accord.testing import run_distributed
-from conftest import run_python
+from tests.helpers.models import CountingCollective, LinearModel, flat_weights, loader
+from tests.helpers.processes import run_python
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "fit.py")
 

@@ -19,14 +19,14 @@ from typing import Any
 
 import pytest
 import torch
-from models import LinearModel, flat_weights, loader
 
 import accord
 from accord.collectives import DeepSpeedCollective
 from accord.errors import CheckpointError, ConfigurationError, RankFailureError
 from accord.strategies import DDPStrategy, DeepSpeedStrategy, consolidate_deepspeed_checkpoint
 from accord.testing import run_distributed
-from conftest import run_python
+from tests.helpers.models import LinearModel, flat_weights, loader
+from tests.helpers.processes import run_python
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "fit.py")
 TIMEOUT = 240.0  # generous: a job may include the one-time extension build

@@ -25,7 +25,7 @@ from accord.engines.deepspeed.extension import (
     prepare_extension_build,
 )
 from accord.errors import CollectiveError, ConfigurationError
-from conftest import ROOT
+from tests.helpers.processes import ROOT
 
 pytest.importorskip(
     "deepspeed", reason="the extension is DeepSpeed's: pip install 'accord[deepspeed]'"

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import torch
 from lightning_utilities.core.rank_zero import WarningCache
-from models import LinearModel, flat_weights, loader
 from torch import nn
 
 import accord
@@ -15,6 +14,7 @@ from accord.collectives import SingleDeviceCollective
 from accord.engines.single import dp
 from accord.errors import ConfigurationError
 from accord.strategies import DPStrategy
+from tests.helpers.models import LinearModel, flat_weights, loader
 
 
 def _fit(strategy: str, tmp_path: Path) -> tuple[LinearModel, accord.Trainer]:

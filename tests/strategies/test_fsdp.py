@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from models import loader
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -23,6 +22,7 @@ from accord.engines.torch.fsdp import META_FILE, hybrid_mesh_shape
 from accord.errors import ConfigurationError
 from accord.strategies import DDPStrategy, FSDPStrategy, StrategyRegistry
 from accord.testing import run_distributed
+from tests.helpers.models import loader
 
 # FSDP and DDP run the same float32 arithmetic except the order of a few sums (the gradient
 # norm over shards, reduce-scatter vs all-reduce). On 2 ranks here the weights agree to

@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from models import loader
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
@@ -27,6 +26,7 @@ import accord
 from accord.collectives import DebugCollective, TorchCollective
 from accord.strategies import DDPStrategy, FSDPStrategy, Strategy
 from accord.testing import run_distributed
+from tests.helpers.models import loader
 
 MEMBERS = [1, 2]
 PARAMETERS = 8 * 12 + 12 + 12 + 1

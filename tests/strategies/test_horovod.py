@@ -1,8 +1,8 @@
 """Horovod regression tests: real fits and the collective contract under horovodrun.
 
 Every multi-rank run is a real ``horovodrun --gloo`` job on this machine's CPUs
-(``scripts/horovod_fit.py`` for the fits, ``horovod_runner.py`` for the conformance
-suite); nothing of Horovod is mocked. The tests run where horovod is installed
+(``scripts/horovod_fit.py`` for the fits, ``scripts/horovod_conformance.py`` for the
+conformance suite); nothing of Horovod is mocked. The tests run where horovod is installed
 (``make test-horovod`` builds it into ``.venv-horovod``) and are skipped elsewhere.
 """
 
@@ -27,17 +27,17 @@ pytest.importorskip(
 )
 
 import torch
-from models import LinearModel, flat_weights, loader
 
 import accord
 from accord.engines.horovod.strategy import HorovodStrategy
 from accord.errors import ConfigurationError
 from accord.testing import assert_strategies_agree
+from tests.helpers.models import LinearModel, flat_weights, loader
+from tests.helpers.processes import ROOT
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 FIT = HERE / "scripts" / "horovod_fit.py"
-RUNNER = HERE / "horovod_runner.py"
+RUNNER = HERE / "scripts" / "horovod_conformance.py"
 TIMEOUT = 240.0  # per horovodrun job; below pytest's own 300 s, so the job is stopped first
 RTOL, ATOL = 1e-5, 1e-6
 

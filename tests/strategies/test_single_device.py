@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 import torch
-from models import LinearModel, flat_weights, loader
 
 import accord
 from accord.callbacks import ModelCheckpoint
 from accord.collectives import SingleDeviceCollective
 from accord.strategies import SingleDeviceStrategy
+from tests.helpers.models import LinearModel, flat_weights, loader
 
 
 def _trainer(tmp_path: Path, **kwargs: Any) -> accord.Trainer:

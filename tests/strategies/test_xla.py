@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import pickle
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,6 @@ if importlib.util.find_spec("torch_xla") is not None:
 pytest.importorskip("torch_xla", reason="needs torch_xla: `make test-xla` runs this file")
 
 import torch
-from models import CountingCollective, LinearModel, flat_weights, loader
 
 import accord
 from accord.callbacks import ModelCheckpoint
@@ -34,6 +34,7 @@ from accord.engines.xla.strategy import SingleDeviceXLAStrategy, XLAStrategy
 from accord.errors import ConfigurationError, RankFailureError
 from accord.strategies import StrategyRegistry
 from accord.testing import assert_strategies_agree, run_checks_in_this_process
+from tests.helpers.models import CountingCollective, LinearModel, flat_weights, loader
 
 del CountingCollective  # the torch.distributed one; XLA ranks count with their own below
 
@@ -451,6 +452,41 @@ def test_a_failing_rank_is_reported_by_rank() -> None:
     with pytest.raises(RankFailureError, match="Rank 1 failed") as info:
         trainer.fit(FailsOnRankOne(), loader(batch_size=16))
     assert "rank 1 fails on purpose" in str(info.value)
+
+
+class LateRankOne(LinearModel):
+    """At batch 1, rank 1 sleeps ``seconds`` first: rank 0 reaches the step's all-reduce that
+    long before it."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if batch_idx == 1 and self.global_rank == 1:
+            time.sleep(self.seconds)
+        return super().training_step(batch, batch_idx)
+
+
+def _late_fit(rank: int, world_size: int, model: LateRankOne, gradient_sync: str) -> torch.Tensor:
+    trainer = _trainer(
+        strategy=XLAStrategy(gradient_sync=gradient_sync),
+        accelerator="xla",
+        devices=world_size,
+        max_epochs=1,
+    )
+    trainer.fit(model, loader(batch_size=16))
+    return flat_weights(model).cpu()
+
+
+@pytest.mark.parametrize("gradient_sync", ["native", "collective"])
+def test_a_rank_far_behind_its_peer_is_waited_for(tmp_path: Path, gradient_sync: str) -> None:
+    # XLA aborts a process whose devices reach one collective 15 s apart ("A process in the
+    # process pool was terminated abruptly"); the ranks meet before it instead.
+    # The model is built here: seeded in the ranks' threads, it would draw from one RNG.
+    results = run_xla_ranks(_late_fit, 2, tmp_path, LateRankOne(16.0), gradient_sync)
+    torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
+    torch.testing.assert_close(results[0], _cpu_weights(32, epochs=1), rtol=1e-4, atol=1e-5)
 
 
 def test_names_are_registered() -> None:

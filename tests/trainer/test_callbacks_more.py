@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 import torch
-from models import LinearModel, loader
 from torch import nn
 
 import accord
@@ -26,6 +25,7 @@ from accord.callbacks import (
 from accord.errors import ConfigurationError
 from accord.loggers import CSVLogger
 from accord.testing import run_distributed
+from tests.helpers.models import LinearModel, loader
 
 
 def _trainer(root: Path, callbacks: list[Callback], **kwargs: Any) -> accord.Trainer:

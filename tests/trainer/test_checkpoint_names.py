@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import torch
-from models import LinearModel, flat_weights, loader
 
 import accord
 from accord.callbacks import ModelCheckpoint
@@ -20,6 +19,7 @@ from accord.errors import CheckpointError, ConfigurationError
 from accord.loggers import CSVLogger, Logger, TensorBoardLogger
 from accord.testing import run_distributed
 from accord.trainer.preemption import PREEMPTION_CHECKPOINT_NAME
+from tests.helpers.models import LinearModel, flat_weights, loader
 
 
 class Scored(LinearModel):

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 import torch
-from models import LinearModel, flat_weights, loader
 
 import accord
 from accord.callbacks import ModelCheckpoint
 from accord.errors import CheckpointError, ConfigurationError
 from accord.testing import run_distributed
+from tests.helpers.models import LinearModel, flat_weights, loader
 
 
 def _trainer(root: Path, **kwargs: Any) -> accord.Trainer:

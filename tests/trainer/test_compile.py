@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from models import loader, regression_data
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -29,6 +28,7 @@ from accord.errors import ConfigurationError
 from accord.strategies import DeepSpeedStrategy, FSDPStrategy, Strategy
 from accord.testing import run_distributed
 from accord.trainer.compile import CompiledMethod, to_uncompiled
+from tests.helpers.models import loader, regression_data
 
 # aot_eager runs the same float32 kernels as eager; DDP, FSDP and ZeRO-2 differ only in the
 # order of a few sums. A wrong or missing weight, or a lost optimizer state, moves the

@@ -24,6 +24,7 @@ from accord.strategies import (
     StrategyRegistry,
 )
 from accord.testing import run_distributed
+from tests.helpers.processes import ROOT
 
 
 def _trainer(**kwargs: Any) -> accord.Trainer:
@@ -161,7 +162,6 @@ def test_16_mixed_on_cpu_says_what_works_instead(strategy: str) -> None:
 
 # ------------------------------------------------------------ several machines
 FIT = Path(__file__).resolve().parents[1] / "strategies" / "scripts" / "fit.py"
-ROOT = Path(__file__).resolve().parents[2]
 # Variables that would tell the script where it sits in a job; the tests set their own.
 _JOB_VARIABLES = (
     "RANK",

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 import torch
-from models import LinearModel, flat_weights, regression_data
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
 
 import accord
 from accord.errors import ConfigurationError
 from accord.testing import run_distributed
+from tests.helpers.models import LinearModel, flat_weights, regression_data
 
 
 class Recording(LinearModel):

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 import torch
-from models import LinearModel, regression_data
 from torch.utils.data import DataLoader, TensorDataset
 
 import accord
 from accord.errors import ConfigurationError
 from accord.testing import run_distributed
+from tests.helpers.models import LinearModel, regression_data
 
 
 class RegressionData(accord.DataModule):

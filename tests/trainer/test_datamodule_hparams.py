@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import torch
-from models import LinearModel, regression_data
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -21,6 +20,7 @@ import accord
 from accord.errors import CheckpointError, ConfigurationError
 from accord.hparams import log_hyperparameters, run_hyperparameters
 from accord.loggers import CSVLogger
+from tests.helpers.models import LinearModel, regression_data
 
 
 class Data(accord.DataModule):

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.processes import ROOT
+
 BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
 SNAPSHOT = Path(__file__).with_name("data") / "lightning_hook_order.json"
 DEEPSPEED_REFUSED = ("backward", "optimizer_zero_grad", "configure_gradient_clipping")

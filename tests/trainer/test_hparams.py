@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 import torch
-from models import loader
 from torch import nn
 
 import accord
 from accord.errors import CheckpointError, ConfigurationError
 from accord.loggers import CSVLogger
+from tests.helpers.models import loader
 
 
 class Regressor(accord.Module):

@@ -8,13 +8,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from models import LinearModel, flat_weights, loader
 
 import accord
 from accord.callbacks import Callback
 from accord.environments import LocalEnvironment
 from accord.launchers import Launcher, MultiprocessingLauncher, SubprocessScriptLauncher
 from accord.strategies import SingleDeviceStrategy
+from tests.helpers.models import LinearModel, flat_weights, loader
 
 
 class CopyingLauncher(Launcher):

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import torch
-from models import LinearModel, loader
 from torch.utils.data import DataLoader, RandomSampler
 
 import accord
@@ -19,6 +18,7 @@ from accord.environments import LocalEnvironment
 from accord.errors import ConfigurationError
 from accord.precision import Precision
 from accord.testing import run_distributed
+from tests.helpers.models import LinearModel, loader
 
 
 def _trainer(tmp_path: Path, **kwargs: Any) -> accord.Trainer:

@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 import torch
-from models import FailingModel, LinearModel, loader, regression_data
 from torch import nn
 
 import accord
@@ -45,8 +44,9 @@ from accord.callbacks import (
 from accord.errors import ConfigurationError, RankFailureError
 from accord.loggers import CSVLogger
 from accord.testing import run_distributed
+from tests.helpers.models import FailingModel, LinearModel, loader, regression_data
+from tests.helpers.processes import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
 
 

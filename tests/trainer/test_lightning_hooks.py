@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 import torch
-from models import LinearModel, flat_weights, loader
 from torch import nn
 
 import accord
@@ -16,6 +15,7 @@ from accord.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from accord.errors import ConfigurationError
 from accord.loggers import TensorBoardLogger
 from accord.testing import run_distributed
+from tests.helpers.models import LinearModel, flat_weights, loader
 
 
 def _trainer(tmp_path: Path, **kwargs: Any) -> accord.Trainer:

@@ -23,8 +23,8 @@ import pytest
 from accord import DataModule, Module, Trainer
 from accord.callbacks import Callback
 from accord.trainer import lightning_names as accord_names
+from tests.helpers.processes import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 NAMES_FILE = Path(__file__).with_name("data") / "lightning_2_6_6_names.json"
 DOC = ROOT / "docs" / "from-lightning.md"
 START, END = "<!-- lightning-names:start -->", "<!-- lightning-names:end -->"

@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.processes import ROOT
+
 BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
 
 ACCORD_IMPORTS = """\

@@ -10,13 +10,13 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
-from models import LinearModel, loader
 
 import accord
 from accord.errors import ConfigurationError
 from accord.loggers import CSVLogger, Logger, TensorBoardLogger
 from accord.loggers.csv import ExperimentWriter
 from accord.loggers.logger import add_prefix, next_version, version_directory
+from tests.helpers.models import LinearModel, loader
 
 
 def _rows(path: Path) -> list[dict[str, str]]:

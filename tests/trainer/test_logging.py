@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 import torch
-from models import CountingCollective, LinearModel, loader
 from torch.utils.data import DataLoader, TensorDataset
 
 import accord
 from accord.errors import ConfigurationError
 from accord.strategies import DDPStrategy
 from accord.testing import run_distributed
+from tests.helpers.models import CountingCollective, LinearModel, loader
 
 
 class TenMetrics(LinearModel):

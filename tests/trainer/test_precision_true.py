@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 import torch
-from models import LinearModel, loader
 
 import accord
 from accord.precision import Precision, PrecisionMode
 from accord.strategies import SingleDeviceStrategy
+from tests.helpers.models import LinearModel, loader
 
 Pair = namedtuple("Pair", ["features", "index"])
 

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 import torch
-from models import LinearModel, loader, regression_data
 from torch.utils.data import DataLoader, TensorDataset
 
 import accord
 from accord.errors import ConfigurationError
 from accord.loggers import CSVLogger
+from tests.helpers.models import LinearModel, loader, regression_data
 
 
 def _trainer(root: Path, **kwargs: Any) -> accord.Trainer:

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 import torch
-from models import LinearModel, loader
 from torch.distributed.tensor import DTensor
 
 import accord
 from accord.testing import run_distributed
+from tests.helpers.models import LinearModel, loader
 
 EPOCHS = 4
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 import torch
-from models import LinearModel, flat_weights, loader
 
 import accord
 from accord.strategies import DDPStrategy
 from accord.testing import run_distributed
+from tests.helpers.models import LinearModel, flat_weights, loader
 
 SKIPPED_BATCH = 2
 

@@ -16,13 +16,14 @@ from accord.testing.equivalence import (
     TrainingRecord,
     assert_strategies_agree,
 )
-from accord.testing.multiprocess import run_distributed
+from accord.testing.multiprocess import StartMethod, run_distributed, set_start_method
 
 __all__ = [
     "CHECKS",
     "DEFAULT_TOLERANCES",
     "ConformanceError",
     "ConformanceReport",
+    "StartMethod",
     "StrategySpec",
     "TrainingRecord",
     "Violation",
@@ -30,5 +31,6 @@ __all__ = [
     "run_checks_in_this_process",
     "run_conformance",
     "run_distributed",
+    "set_start_method",
     "assert_strategies_agree",
 ]

@@ -1,8 +1,9 @@
 """Run a function in real processes, one per rank, and collect what each returns.
 
 This is how accord's own tests (and the conformance suite) exercise multi-rank code:
-real processes started with ``spawn``, a real rendezvous on loopback, and a clear error
-naming the rank that failed instead of a hang.
+real processes, a real rendezvous on loopback, and a clear error naming the rank that
+failed instead of a hang. The processes start with ``spawn`` (fresh interpreters), or
+from a fork server that imported torch and accord once (`set_start_method`).
 """
 
 from __future__ import annotations
@@ -12,17 +13,59 @@ import os
 import pickle
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from accord.environments.local import LocalEnvironment, find_free_port
 from accord.errors import RankFailureError
 from accord.launchers.launcher import rank_environment
 
-__all__ = ["run_distributed"]
+__all__ = ["StartMethod", "run_distributed", "set_start_method"]
+
+StartMethod = Literal["spawn", "forkserver"]
+"""How `run_distributed` starts the rank processes (see `set_start_method`)."""
 
 _GRACE_SECONDS = 5.0
+# What the fork server imports before it forks the first rank: what every rank needs.
+_SERVER_IMPORTS = ("torch", "torch.distributed", "accord", "accord.testing")
+_start_method: StartMethod = "spawn"
+_preload: tuple[str, ...] = ()
+
+
+def set_start_method(method: StartMethod, *, preload: Sequence[str] = ()) -> None:
+    """Choose how `run_distributed` starts rank processes in this process from now on.
+
+    It applies to every later call without its own ``start_method``, the conformance
+    suite's and `assert_strategies_agree`'s included.
+
+    - ``"spawn"`` (the default): each rank is a fresh interpreter, which imports torch,
+      accord and the module of the function before it runs (a second or more per rank).
+    - ``"forkserver"``: the ranks are forked from multiprocessing's fork server, a process
+      started once that imports torch, accord and ``preload`` before it forks any rank;
+      each rank still imports the module of the function, and starts in a fraction of the
+      time. Such a rank gets the caller's environment, working directory and ``sys.path``
+      at the call, like a spawned one; but it leaves with ``os._exit``, without running
+      ``atexit`` handlers, and modules read their import-time settings (environment
+      variables included) when the server imported them.
+
+    A test suite that starts many small multi-rank runs calls it once, in a
+    ``conftest.py``.
+
+    Args:
+        method: ``"spawn"`` or ``"forkserver"``.
+        preload: further modules the fork server imports (say, the module of the suite's
+            models). They apply when the server starts: at the first ``"forkserver"`` run
+            of this process. accord sets multiprocessing's fork-server preload list,
+            replacing one set with `multiprocessing.set_forkserver_preload`.
+
+    Raises:
+        ValueError: ``method`` is neither ``"spawn"`` nor ``"forkserver"``.
+    """
+    global _start_method, _preload
+    if method not in ("spawn", "forkserver"):
+        raise ValueError(f"method must be 'spawn' or 'forkserver', got {method!r}.")
+    _start_method, _preload = method, tuple(preload)
 
 
 def _child(
@@ -33,6 +76,8 @@ def _child(
     args: tuple[Any, ...],
     conn: Connection,
 ) -> None:
+    # The caller's whole environment: a forked rank would otherwise keep the fork server's.
+    os.environ.clear()
     os.environ.update(env)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
     import torch
@@ -50,18 +95,36 @@ def _child(
     conn.close()
 
 
+def _context(method: StartMethod) -> Any:
+    ctx = multiprocessing.get_context(method)
+    if method == "forkserver":
+        # Takes effect when the server starts, at the first forkserver run.
+        ctx.set_forkserver_preload([*_SERVER_IMPORTS, *_preload])
+    return ctx
+
+
 def run_distributed(
     fn: Callable[..., Any],
     world_size: int,
     *args: Any,
     timeout: float = 120.0,
     env: dict[str, str] | None = None,
+    start_method: StartMethod | None = None,
 ) -> list[Any]:
     """Call ``fn(rank, world_size, *args)`` in ``world_size`` fresh processes.
 
     Each process has ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` (loopback)
     and a free ``MASTER_PORT`` set, so ``TorchCollective().setup()`` forms the group.
     ``fn`` and its arguments must be picklable (a module-level function).
+
+    Args:
+        fn: the function each rank calls.
+        world_size: the number of ranks.
+        *args: further arguments of ``fn``, after the rank and the world size.
+        timeout: seconds the ranks get, together, before they are stopped.
+        env: environment variables set in every rank, over this process's environment.
+        start_method: ``"spawn"`` or ``"forkserver"``; by default the one chosen with
+            `set_start_method` (``"spawn"`` unless changed).
 
     Returns:
         What each rank returned, in rank order.
@@ -73,10 +136,10 @@ def run_distributed(
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}.")
-    ctx = multiprocessing.get_context("spawn")
+    ctx = _context(start_method or _start_method)
     # One node on loopback, each rank with its share of the cores, as the launchers do.
     shared = rank_environment(LocalEnvironment(), world_size, 1, str(find_free_port()))
-    child_env = {**shared, **(env or {})}
+    child_env = {**os.environ, **shared, **(env or {})}
     procs, conns = [], []
     for rank in range(world_size):
         parent_conn, child_conn = ctx.Pipe(duplex=False)

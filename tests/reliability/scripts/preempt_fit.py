@@ -32,14 +32,16 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "strategies"))
+# Run by path (by a test, torchrun, horovodrun or srun): the repository root goes on the
+# path, so the test helpers import as the `tests` package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from models import LinearModel, loader
 from torch.distributed.tensor import DTensor
 
 import accord
 from accord.callbacks import Callback, ModelCheckpoint
 from accord.errors import NonFiniteValueError
+from tests.helpers.models import LinearModel, loader
 
 
 class Trigger(Callback):

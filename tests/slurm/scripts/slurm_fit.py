@@ -18,12 +18,13 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "strategies"))
-
-from models import LinearModel, flat_weights, loader
+# Run by path (by a test, torchrun, horovodrun or srun): the repository root goes on the
+# path, so the test helpers import as the `tests` package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import accord
 from accord.callbacks import Callback
+from tests.helpers.models import LinearModel, flat_weights, loader
 
 
 class Meet(Callback):

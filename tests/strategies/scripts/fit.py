@@ -11,11 +11,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from models import FailingModel, LinearModel, flat_weights, loader
+# Run by path (by a test, torchrun, horovodrun or srun): the repository root goes on the
+# path, so the test helpers import as the `tests` package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import accord
+from tests.helpers.models import FailingModel, LinearModel, flat_weights, loader
 
 
 def main() -> None:

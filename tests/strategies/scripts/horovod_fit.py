@@ -23,12 +23,13 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from models import LinearModel, flat_weights, loader, regression_data
+# Run by path (by a test, torchrun, horovodrun or srun): the repository root goes on the
+# path, so the test helpers import as the `tests` package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import accord
 from accord.callbacks import Callback, EarlyStopping
+from tests.helpers.models import LinearModel, flat_weights, loader, regression_data
 
 RANK = int(os.environ.get("HOROVOD_RANK", 0))
 

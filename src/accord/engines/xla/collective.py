@@ -26,7 +26,11 @@ Two facts about XLA shape every primitive here:
   why broadcast is a masked ``xm.all_reduce`` on the tensor's bits rather than
   ``xm.collective_broadcast`` (which multiplies, so NaN or -0.0 would not survive), and
   why ``xm.rendezvous`` (built on the pinned all_gather) is the barrier only where each
-  process holds one rank.
+  process holds one rank. And such ranks meet in Python before each program that holds a
+  collective (`XLACollective` waits for the others of its process): XLA ends the whole
+  process when one of them reaches a collective 15 s after another, which a rank on a
+  busy machine, or one compiling a program its peer already has, does without anything
+  being wrong.
 
 Besides the contract's ops, the collective carries what the XLA strategies send of their
 own: the averaging of an optimizer's gradients with XLA's bucketed all-reduce
@@ -45,6 +49,8 @@ from typing_extensions import Self, override
 
 from accord.core.collective import ReduceOp
 from accord.core.membership import MemberCollective
+from accord.core.timeouts import DEFAULT_TIMEOUT, timeout_from_env
+from accord.errors import CollectiveTimeoutError
 from accord.imports import require
 
 __all__ = ["XLACollective", "launch", "parameters_with_gradients"]
@@ -63,13 +69,31 @@ _NARROW = frozenset({torch.bfloat16, torch.float16})
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 """An integer dtype of each element size: data movement adds zeros to these, bit-exactly."""
 
-# XLA's runtime is per process, and so are these two: the lock that makes ranks sharing a
-# process launch programs one at a time (see the module docstring), and which collective
-# joined first on each rank, so setup() can report whether it created the rank's
-# membership, as torch.distributed reports a default group.
+# XLA's runtime is per process, and so are these: the lock that makes ranks sharing a
+# process launch programs one at a time (see the module docstring), the one around the
+# dtype views of `_bits`, and which collective joined first on each rank, so setup() can
+# report whether it created the rank's membership, as torch.distributed reports a default
+# group.
 _LAUNCH_LOCK = threading.Lock()
+_VIEW_LOCK = threading.Lock()
 _MEMBERS_LOCK = threading.Lock()
 _MEMBERS: dict[int, int] = {}
+
+# Where the ranks of this process meet before a collective's program starts (by their
+# number). XLA's in-process collectives wait 5 s for every device to arrive, warn, wait
+# 10 s more and then abort the process (fixed in XLA, no flag), which xmp.spawn reports as
+# "A process in the process pool was terminated abruptly". A rank 15 s behind its peer is
+# no error (a busy machine, a program only it still has to compile), so the ranks first
+# wait for each other here, for as long as any collective may wait.
+_GATES: dict[int, threading.Barrier] = {}
+
+
+def _gate(parties: int) -> threading.Barrier:
+    with _MEMBERS_LOCK:
+        gate = _GATES.get(parties)
+        if gate is None:
+            gate = _GATES[parties] = threading.Barrier(parties)
+        return gate
 
 
 def launch(tensors: Sequence[torch.Tensor] | None = None) -> None:
@@ -126,6 +150,7 @@ class XLACollective(MemberCollective):
         super().__init__()
         self._device: torch.device | None = None
         self._shares_process = False
+        self._gate: threading.Barrier | None = None
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -155,7 +180,9 @@ class XLACollective(MemberCollective):
         self._device = torch.device(torch_xla.device())
         self._rank = int(xr.global_ordinal())
         self._world_size = int(xr.world_size())
-        self._shares_process = int(xr.addressable_device_count()) > 1
+        local_ranks = int(xr.addressable_device_count())
+        self._shares_process = local_ranks > 1
+        self._gate = _gate(local_ranks) if self._shares_process else None
         with _MEMBERS_LOCK:
             self._created = self._rank not in _MEMBERS
             if self._created:
@@ -176,6 +203,7 @@ class XLACollective(MemberCollective):
         self._created = False
         self._rank = self._world_size = -1
         self._device = None
+        self._gate = None
         return self
 
     # ---------------------------------------------------------------- primitives
@@ -286,14 +314,16 @@ class XLACollective(MemberCollective):
                 param.grad = averaged.to(grad.dtype)
         else:
             xm.reduce_gradients(optimizer)
+        self._meet("reduce_gradients")
         launch([grad for _, grad in parameters_with_gradients(optimizer)])
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Average ``optimizer``'s gradients across the ranks, then step it.
 
         The backward pass is launched first; then ``xm.optimizer_step`` builds the
-        reduction and the step into one program, which the caller launches. With
-        bfloat16 or float16 gradients it is `reduce_gradients`, then ``optimizer.step()``.
+        reduction and the step into one program, launched here. With bfloat16 or float16
+        gradients it is `reduce_gradients`, then ``optimizer.step()`` (which the caller
+        launches).
         """
         self._require_setup("optimizer_step")
         pairs = parameters_with_gradients(optimizer)
@@ -306,8 +336,27 @@ class XLACollective(MemberCollective):
         if pairs:
             launch([grad for _, grad in pairs])  # the backward pass, on its own
         xm.optimizer_step(optimizer)
+        if self._world_size > 1:
+            self._meet("optimizer_step")
+            launch()
 
     # ------------------------------------------------------------------ helpers
+    def _meet(self, op: str) -> None:
+        """Wait until every rank of this process is about to launch its collective."""
+        if self._gate is None:
+            return
+        timeout = timeout_from_env() or DEFAULT_TIMEOUT
+        try:
+            self._gate.wait(timeout.total_seconds())
+        except threading.BrokenBarrierError:
+            raise CollectiveTimeoutError(
+                f"Rank {self._rank} waited more than {timeout.total_seconds():.0f} s in {op} "
+                "for the other ranks of its process (or one of them gave up waiting). A rank "
+                "that never comes usually means the ranks called different collectives.",
+                op=op,
+                rank=self._rank,
+            ) from None
+
     def _run(
         self,
         tensor: torch.Tensor,
@@ -329,6 +378,7 @@ class XLACollective(MemberCollective):
         else:
             source = flat.to(self.device)
         result = build(source)
+        self._meet("collective")
         launch([result])
         target.copy_(result if result.shape == target.shape else result.reshape(target.shape))
 
@@ -336,9 +386,12 @@ class XLACollective(MemberCollective):
 def _bits(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` viewed as integers of its element size (bytes where there is none)."""
     dtype = _BITS.get(tensor.element_size())
-    if dtype is not None:
-        return tensor if tensor.dtype == dtype else tensor.view(dtype)
-    return tensor.reshape(-1).view(torch.uint8)
+    # One rank at a time: the ranks' process crashed (SIGSEGV, both ranks in this view of
+    # an XLA tensor) as two ranks broadcast their parameters at the start of a fit.
+    with _VIEW_LOCK:
+        if dtype is not None:
+            return tensor if tensor.dtype == dtype else tensor.view(dtype)
+        return tensor.reshape(-1).view(torch.uint8)
 
 
 def parameters_with_gradients(

@@ -14,6 +14,8 @@ raises `RankFailureError` naming the rank.
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import os
 import pickle
 import shutil
@@ -45,6 +47,10 @@ def _rank_main(index: int, work: bytes, directory: str, grace: float) -> None:
     """One rank of an ``xmp.spawn`` run (module level, so the process pool can pickle it)."""
     from accord.core.strategy import move_to_device
 
+    # A process that XLA aborts, or that crashes, writes every thread's Python stack to
+    # stderr: the launcher only learns that the process pool lost it.
+    with contextlib.suppress(RuntimeError, OSError, ValueError):  # a stderr without a file
+        faulthandler.enable()
     fn, args, kwargs = pickle.loads(work)  # this rank's own copies
     try:
         result = fn(*args, **kwargs)
@@ -156,7 +162,9 @@ class XLALauncher(MultiprocessingLauncher):
                 return  # KeyboardInterrupt and the like: let it through as it is
             if cause is not None:
                 raise RankFailureError(
-                    f"The XLA ranks' process died without a rank reporting an error: {cause}"
+                    f"The XLA ranks' process died without a rank reporting an error: {cause} "
+                    "Its output above says why: XLA's own message, and each thread's Python "
+                    "stack when the process crashed."
                 ) from cause
             return
         first = failed[0]

@@ -4,10 +4,10 @@
 ``horovodrun``; so horovodrun runs this script, and each process runs the suite's checks
 in-process on its own rank (`run_checks_in_this_process`)::
 
-    horovodrun --gloo -np 2 -H localhost:2 python tests/strategies/horovod_runner.py OUT
-    python tests/strategies/horovod_runner.py OUT          # a Horovod group of one
+    horovodrun --gloo -np 2 -H localhost:2 python horovod_conformance.py OUT
+    python horovod_conformance.py OUT          # a Horovod group of one
 
-Usage: horovod_runner.py OUT_DIR [CHECK ...] (default: every check). Each rank writes
+Usage: horovod_conformance.py OUT_DIR [CHECK ...] (default: every check). Each rank writes
 ``OUT_DIR/rank<rank>.json``, the list of its violations, prints them, and exits 1 if
 there are any.
 """

@@ -7,12 +7,12 @@ import os
 import shutil
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = Path(__file__).resolve().parent / "scripts"
+from tests.helpers.processes import ROOT
+
+SCRIPTS = ROOT / "tests" / "slurm" / "scripts"
 
 # Variables of the job pytest may itself run in, which would leak into the jobs it submits.
 _LEAKING = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK")
@@ -42,8 +42,7 @@ def slurm_problem() -> str | None:
 def lane_marks() -> list[pytest.MarkDecorator]:
     """A cluster test's marks: ``slurm``, and a skip saying why where no cluster answers.
 
-    Test modules set ``pytestmark = lane_marks()``; a ``conftest.py`` here would shadow the
-    suite's own ``conftest`` module that other test folders import helpers from.
+    Test modules set ``pytestmark = lane_marks()``.
     """
     problem = slurm_problem()
     return [

@@ -1,0 +1,1 @@
+"""accord's test suite, a package: test modules import their helpers from `tests.helpers`."""

@@ -1,0 +1,1 @@
+"""The benchmark scripts, run small."""

@@ -1,0 +1,1 @@
+"""Collectives: the contract, the wrappers, async ops, the recorder and the watchdog."""

@@ -1,0 +1,1 @@
+"""The core on its own: layering, optional imports, environment variables and logging."""

@@ -1,0 +1,1 @@
+"""The documentation: its python examples run, and its reference covers every public name."""

@@ -1,0 +1,1 @@
+"""Failures, checkpoints, preemption and bad input: what happens when things go wrong."""

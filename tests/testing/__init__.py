@@ -1,0 +1,1 @@
+"""The public test kit, accord.testing."""

@@ -1,0 +1,1 @@
+"""The Trainer: loops, hooks, logging, checkpoint triggers and Lightning parity."""
