@@ -168,7 +168,7 @@ class AutomaticStep:
 
     def weigh(self, loss: torch.Tensor, batch_idx: int) -> torch.Tensor:
         """``loss`` as much as batch ``batch_idx`` counts in its step, after a regroup
-        dealt the step's samples over fewer ranks (`accord.trainer.data.window_loader`)."""
+        dealt the step's samples over fewer ranks (`accord.trainer.dealing.window_loader`)."""
         assert self.survival is not None
         weight = self.survival.weight(batch_idx)
         return loss if weight == 1.0 else loss * weight
