@@ -32,9 +32,11 @@ __all__ = [
     "build_loggers",
     "check_barebones",
     "check_limit",
+    "check_model_registry",
     "check_plugins",
     "check_positive",
     "check_profiler",
+    "loop_limits",
     "resolve_limits",
 ]
 
@@ -165,6 +167,52 @@ def resolve_limits(
     return limits
 
 
+def loop_limits(flags: dict[str, Any], sanity: int | None) -> tuple[BatchLimits, int]:
+    """The loop's limits and intervals checked, with ``fast_dev_run``/``overfit_batches``
+    applied, and how often step metrics go to the loggers (``log_every_n_steps``).
+
+    Args:
+        flags: the Trainer's arguments, by name.
+        sanity: ``num_sanity_val_steps`` (0 under ``barebones``).
+
+    Raises:
+        ConfigurationError: an argument out of range.
+    """
+    max_epochs, max_steps = flags["max_epochs"], flags["max_steps"]
+    check_positive("accumulate_grad_batches", flags["accumulate_grad_batches"])
+    every_n = flags["check_val_every_n_epoch"]
+    if every_n is not None:
+        check_positive("check_val_every_n_epoch", every_n)
+    log_every = 50 if flags["log_every_n_steps"] is None else flags["log_every_n_steps"]
+    check_non_negative("log_every_n_steps", log_every)
+    check_non_negative(
+        "reload_dataloaders_every_n_epochs", flags["reload_dataloaders_every_n_epochs"]
+    )
+    if max_epochs is not None and max_epochs < -1:
+        raise ConfigurationError(f"max_epochs={max_epochs} must be -1 (no limit), >= 0 or None.")
+    if max_steps < -1:
+        raise ConfigurationError(f"max_steps={max_steps} must be -1 (no limit) or >= 0.")
+    for name in ("min_epochs", "min_steps"):
+        if flags[name] is not None:
+            check_non_negative(name, flags[name])
+    limits = BatchLimits(
+        train=flags["limit_train_batches"],
+        val=flags["limit_val_batches"],
+        test=flags["limit_test_batches"],
+        predict=flags["limit_predict_batches"],
+        max_steps=max_steps,
+        max_epochs=1000 if max_epochs is None and max_steps == -1 else max_epochs,
+        num_sanity_val_steps=sanity_steps(sanity),
+        val_check_interval=flags["val_check_interval"],
+        check_val_every_n_epoch=every_n,
+    )
+    for name in ("train", "val", "test", "predict"):
+        check_limit(f"limit_{name}_batches", getattr(limits, name))
+    check_limit("val_check_interval", limits.val_check_interval)
+    limits = resolve_limits(limits, flags["fast_dev_run"], flags["overfit_batches"])
+    return limits, log_every
+
+
 def sanity_steps(value: int | None) -> float:
     """``num_sanity_val_steps`` as a count (``-1``: every batch; None: Lightning's 2).
 
@@ -179,6 +227,15 @@ def sanity_steps(value: int | None) -> float:
             "a number of validation batches."
         )
     return math.inf if value == -1 else value
+
+
+def check_model_registry(model_registry: str | None) -> None:
+    """Refuse a ``model_registry``: accord has none."""
+    if model_registry is not None:
+        raise ConfigurationError(
+            f"model_registry={model_registry!r}: accord has no model registry. Save with "
+            "ModelCheckpoint and upload the files with your registry's own client."
+        )
 
 
 def check_barebones(options: dict[str, Any]) -> None:

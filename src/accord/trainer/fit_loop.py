@@ -1,11 +1,10 @@
-"""`FitLoop`: the sanity check, then epochs of training batches with validation at its
-interval, until ``max_epochs``/``max_steps``, ``max_time`` or a stop (honoured once
-``min_epochs``/``min_steps`` are reached)."""
+"""`FitLoop`: the sanity check (`accord.trainer.sanity_check`), then epochs of training
+batches with validation at its interval, until ``max_epochs``/``max_steps``, ``max_time``
+or a stop (honoured once ``min_epochs``/``min_steps`` are reached)."""
 
 from __future__ import annotations
 
 import contextlib
-import random
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +18,7 @@ from accord.trainer.evaluation_loop import evaluate, log_metrics
 from accord.trainer.manual_loop import manual_epoch
 from accord.trainer.preemption import SignalFlag, save_and_stop
 from accord.trainer.rank_loss import Position
+from accord.trainer.sanity_check import sanity_check
 from accord.trainer.sources import LoaderSource
 from accord.trainer.state import RunState
 from accord.trainer.training_checkpoints import epoch_batches
@@ -71,12 +71,12 @@ class FitLoop:
         # for the training loader (unless estimated_stepping_batches already did). A
         # replacement joining a run in progress has nothing to check.
         if not trainer.strategy.rejoining:
-            self._sanity_check()
+            sanity_check(self)
         if state.prepare_train is not None:
             state.prepare_train()
         self._train_reloaded = trainer.current_epoch
         if trainer.has_validation and self.val_loader is None:
-            self._load_val()
+            self.load_val()
         if self._nothing_to_train(state.train_loader):
             state.hooks.call("on_fit_end")
             return
@@ -168,37 +168,10 @@ class FitLoop:
         state.batches_done = 0
         state.running = None
 
-    # ------------------------------------------------------------------ sanity
-    def _sanity_check(self) -> None:
-        """``num_sanity_val_steps`` validation batches before training, with their hooks;
-        what they log is dropped, and the RNG is left as it was (Lightning's rule). A
-        resumed fit skips it."""
-        trainer, state = self.trainer, self.state
-        hooks = state.hooks
-        assert hooks is not None
-        if (
-            not trainer.has_validation
-            or trainer.num_sanity_val_steps == 0
-            or state.ckpt_path is not None
-        ):
-            return
-        rng = (torch.get_rng_state(), random.getstate(), _numpy_state())
-        previous, state.running = state.running, "sanity_check"
-        hooks.call("on_sanity_check_start")
-        self._load_val()
-        if self.val_loader is not None and trainer.has_validation:
-            evaluate(trainer, state, "sanity_check", self.val_loader)
-        metrics = state.metrics
-        metrics.callback_metrics.clear()
-        metrics.progress_bar_metrics.clear()
-        hooks.call("on_sanity_check_end")
-        state.running = previous
-        torch.set_rng_state(rng[0])
-        random.setstate(rng[1])
-        _set_numpy_state(rng[2])
-
     # --------------------------------------------------------------- the data
-    def _load_val(self) -> None:
+    def load_val(self) -> None:
+        """Make the validation loader from its source, this rank's share of it (None without
+        a source)."""
         trainer = self.trainer
         if self.val_source is None:
             self.val_loader = None
@@ -225,7 +198,7 @@ class FitLoop:
             train_preparer(trainer, state)()
             self._train_reloaded = epoch
         if self.val_source is not None and epoch - self._val_reloaded >= every:
-            self._load_val()
+            self.load_val()
 
     def _nothing_to_train(self, loader: Iterable[Any]) -> bool:
         """Say why a fit would train nothing: an empty loader (an error), no batches
@@ -392,19 +365,3 @@ def train_preparer(trainer: Trainer, state: RunState) -> Callable[[], None]:
         state.prepare_train = None
 
     return prepare
-
-
-def _numpy_state() -> Any:
-    try:
-        import numpy
-    except ImportError:
-        return None
-    return numpy.random.get_state()
-
-
-def _set_numpy_state(value: Any) -> None:
-    if value is None:
-        return
-    import numpy
-
-    numpy.random.set_state(value)

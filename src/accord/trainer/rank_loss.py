@@ -6,7 +6,7 @@ and form a new process group), and every survivor runs that unit again from its 
 
 * a **window** (the batches of one optimizer step, up to the step): dropped, and run
   again on the survivors, the same samples dealt over fewer ranks
-  (`accord.trainer.data.window_loader`); each rank's loss is weighted so the step is the
+  (`accord.trainer.dealing.window_loader`); each rank's loss is weighted so the step is the
   mean over the same global batch, as the full world's would be;
 * the **after-work** of a committed step (the ``on_train_batch_end`` hooks, logging,
   validation, checkpoint saves, a preemption's save);
@@ -33,7 +33,7 @@ from accord.core.regroup import Excluded, Regrouped
 from accord.core.wrappers.recorder import find_recorder
 from accord.errors import ConfigurationError, RankFailureError, is_communication_error
 from accord.log import rank_zero_warning
-from accord.trainer.data import reshard, window_loader
+from accord.trainer.dealing import reshard, window_loader
 from accord.trainer.training_checkpoints import adopt_state, checkpoint_state
 
 if TYPE_CHECKING:

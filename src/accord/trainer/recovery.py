@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from accord.errors import CheckpointError
-from accord.trainer.training_checkpoints import resolve_ckpt_path
+from accord.trainer.checkpoint_paths import resolve_ckpt_path
 
 if TYPE_CHECKING:
     from accord.trainer.trainer import Trainer

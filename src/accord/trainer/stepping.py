@@ -18,8 +18,8 @@ from accord.errors import ConfigurationError
 from accord.module_optimization import StepFunction, StrategyOptimizer
 
 if TYPE_CHECKING:
+    from accord.trainer.automatic_step import AutomaticStep
     from accord.trainer.trainer import Trainer
-    from accord.trainer.training_epoch import TrainingEpoch
 
 __all__ = ["Closure", "apply_step", "backward_with_hooks", "before_step", "clip", "needs_closure"]
 
@@ -121,7 +121,7 @@ class Closure:
     """The batch's forward and backward, as the closure an ``optimizer_step`` override
     gets: each call runs them again (an optimizer such as LBFGS calls it several times)."""
 
-    def __init__(self, epoch: TrainingEpoch, batch: Any, batch_idx: int) -> None:
+    def __init__(self, epoch: AutomaticStep, batch: Any, batch_idx: int) -> None:
         self.epoch, self.batch, self.batch_idx = epoch, batch, batch_idx
         self.output: Any = None
         self.ran = False

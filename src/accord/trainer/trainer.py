@@ -169,11 +169,7 @@ class Trainer(TrainerProperties):
         on_rank_loss: str = "fail",
         auto_resume: bool = True,
     ) -> None:
-        if model_registry is not None:
-            raise ConfigurationError(
-                f"model_registry={model_registry!r}: accord has no model registry. Save with "
-                "ModelCheckpoint and upload the files with your registry's own client."
-            )
+        arguments.check_model_registry(model_registry)
         flags = dict(locals())
         if barebones:
             arguments.check_barebones(flags)
@@ -199,40 +195,7 @@ class Trainer(TrainerProperties):
 
     def _init_loop_settings(self, flags: dict[str, Any], sanity: int | None) -> None:
         """The loop's limits and intervals, with ``fast_dev_run``/``overfit_batches`` applied."""
-        max_epochs, max_steps = flags["max_epochs"], flags["max_steps"]
-        arguments.check_positive("accumulate_grad_batches", flags["accumulate_grad_batches"])
-        every_n = flags["check_val_every_n_epoch"]
-        if every_n is not None:
-            arguments.check_positive("check_val_every_n_epoch", every_n)
-        log_every = 50 if flags["log_every_n_steps"] is None else flags["log_every_n_steps"]
-        arguments.check_non_negative("log_every_n_steps", log_every)
-        arguments.check_non_negative(
-            "reload_dataloaders_every_n_epochs", flags["reload_dataloaders_every_n_epochs"]
-        )
-        if max_epochs is not None and max_epochs < -1:
-            raise ConfigurationError(
-                f"max_epochs={max_epochs} must be -1 (no limit), >= 0 or None."
-            )
-        if max_steps < -1:
-            raise ConfigurationError(f"max_steps={max_steps} must be -1 (no limit) or >= 0.")
-        for name in ("min_epochs", "min_steps"):
-            if flags[name] is not None:
-                arguments.check_non_negative(name, flags[name])
-        limits = arguments.BatchLimits(
-            train=flags["limit_train_batches"],
-            val=flags["limit_val_batches"],
-            test=flags["limit_test_batches"],
-            predict=flags["limit_predict_batches"],
-            max_steps=max_steps,
-            max_epochs=1000 if max_epochs is None and max_steps == -1 else max_epochs,
-            num_sanity_val_steps=arguments.sanity_steps(sanity),
-            val_check_interval=flags["val_check_interval"],
-            check_val_every_n_epoch=every_n,
-        )
-        for name in ("train", "val", "test", "predict"):
-            arguments.check_limit(f"limit_{name}_batches", getattr(limits, name))
-        arguments.check_limit("val_check_interval", limits.val_check_interval)
-        limits = arguments.resolve_limits(limits, flags["fast_dev_run"], flags["overfit_batches"])
+        limits, log_every = arguments.loop_limits(flags, sanity)
         self.fast_dev_run: int | bool = flags["fast_dev_run"]
         self.overfit_batches = flags["overfit_batches"]
         self.limit_train_batches, self.limit_val_batches = limits.train, limits.val

@@ -1,9 +1,10 @@
-"""The Trainer's checkpoints: the full training state saved, found again, and restored.
+"""The Trainer's checkpoints: the full training state saved, and restored.
 
 A checkpoint records the loop's position mid-epoch as well as at epoch ends, so a resumed
 fit continues with the batch, the shuffled order and the LR it would have had. The format,
 its atomic writes and safe reads are `accord.checkpoint`'s; the strategy writes and reads
-the files (`accord.core.strategy_checkpoints`, overridden by the engines that shard).
+the files (`accord.core.strategy_checkpoints`, overridden by the engines that shard). Which
+file a ``ckpt_path`` names is `accord.trainer.checkpoint_paths`'s.
 """
 
 from __future__ import annotations
@@ -16,19 +17,14 @@ import torch
 from lightning_utilities.core.rank_zero import rank_zero_warn
 from torch.utils.data import DataLoader
 
-from accord.callbacks.model_checkpoint import ModelCheckpoint
 from accord.checkpoint.compiled_names import plain_names
-from accord.checkpoint.formats import (
-    CHECKPOINT_FORMAT_VERSION,
-    finished_checkpoints,
-    is_finished_checkpoint,
-)
+from accord.checkpoint.formats import CHECKPOINT_FORMAT_VERSION
 from accord.checkpoint.writing import save_checkpoint_file
 from accord.datamodule import DataModule
 from accord.errors import CheckpointError, ConfigurationError
+from accord.trainer.checkpoint_paths import last_everywhere, resolve_ckpt_path
 from accord.trainer.data import epoch_order, resume_loader, samples_per_batch
 from accord.trainer.optimizers import due_schedulers, step_schedulers
-from accord.trainer.preemption import PREEMPTION_CHECKPOINT_NAME
 from accord.trainer.state import RunState
 
 if TYPE_CHECKING:
@@ -38,7 +34,6 @@ __all__ = [
     "adopt_state",
     "checkpoint_state",
     "epoch_batches",
-    "resolve_ckpt_path",
     "restore",
     "save_checkpoint",
 ]
@@ -226,80 +221,6 @@ def _datamodule_hparams(datamodule: DataModule | None) -> dict[str, Any]:
     return {DataModule.CHECKPOINT_HYPER_PARAMS_KEY: datamodule.hparams_for_checkpoint()}
 
 
-def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | Path, stage: str = "fit") -> Path:
-    """The checkpoint ``ckpt_path`` names: a path, ``"last"`` or ``"best"``.
-
-    ``"last"`` is the newest finished checkpoint where the `ModelCheckpoint` callbacks
-    look (`ModelCheckpoint.checkpoint_dirs`: their ``dirpath``, or by default the log
-    version's ``checkpoints`` and, for a logger that numbers its versions, those of the
-    experiment's earlier versions; ``<default_root_dir>/checkpoints`` without a
-    `ModelCheckpoint`); for ``stage="fit"`` the files of a callback with
-    ``save_weights_only`` are passed over (they cannot resume a fit), all but a preemption
-    checkpoint in its directory. ``"best"`` is the first `ModelCheckpoint`'s
-    ``best_model_path``.
-
-    Raises:
-        CheckpointError: ``"last"`` but there is no finished checkpoint; ``"best"`` but
-            there is no `ModelCheckpoint`, or it has saved nothing yet.
-    """
-    if str(ckpt_path) == "best":
-        return _best(trainer)
-    if str(ckpt_path) != "last":
-        return Path(ckpt_path)
-    callbacks = [c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)]
-    if callbacks:
-        directories = [d for c in callbacks for d in c.checkpoint_dirs(trainer)]
-        candidates = []
-        for callback in callbacks:
-            if stage == "fit" and callback.save_weights_only:
-                # Its files cannot resume a fit; a preemption checkpoint beside them can.
-                found = (d / PREEMPTION_CHECKPOINT_NAME for d in callback.checkpoint_dirs(trainer))
-                candidates += [path for path in found if is_finished_checkpoint(path)]
-            else:
-                candidates += callback.find_checkpoints(trainer)
-    else:
-        directories = [Path(trainer.default_root_dir) / "checkpoints"]
-        candidates = finished_checkpoints(directories, ModelCheckpoint.FILE_EXTENSION, 0)
-    if not candidates:
-        where = ", ".join(repr(str(d)) for d in dict.fromkeys(directories))
-        raise CheckpointError(
-            f"ckpt_path='last' but there is no checkpoint in {where}. Train first, or pass "
-            "the path of a checkpoint."
-        )
-    return max(candidates, key=lambda p: p.stat().st_mtime)
-
-
-def _last_everywhere(trainer: Trainer, stage: str) -> Path:
-    """``ckpt_path="last"`` as rank zero resolves it, on every rank (or its error)."""
-    found: tuple[str | None, str | None] = (None, None)
-    if trainer.is_global_zero:
-        try:
-            found = (str(resolve_ckpt_path(trainer, "last", stage)), None)
-        except CheckpointError as err:
-            found = (None, str(err))
-    path, error = trainer.strategy.broadcast(found, src=0)
-    if error is not None or path is None:
-        raise CheckpointError(error or "ckpt_path='last' found no checkpoint.")
-    return Path(path)
-
-
-def _best(trainer: Trainer) -> Path:
-    callback = trainer.checkpoint_callback
-    if callback is None:
-        raise CheckpointError(
-            "ckpt_path='best' needs a ModelCheckpoint callback, and this Trainer has none "
-            "(enable_checkpointing=False?). Add ModelCheckpoint(monitor=...) to callbacks, or "
-            "pass the path of a checkpoint."
-        )
-    if not callback.best_model_path:
-        raise CheckpointError(
-            "ckpt_path='best' but the ModelCheckpoint has no best checkpoint yet: it is set "
-            "when this Trainer's fit saves one (a new Trainer does not know an earlier run's). "
-            "Fit first with this Trainer, or pass the path of a checkpoint."
-        )
-    return Path(callback.best_model_path)
-
-
 def restore(trainer: Trainer, state: RunState, ckpt_path: str | Path, stage: str) -> None:
     """Load the checkpoint at ``ckpt_path`` into the run being set up.
 
@@ -316,7 +237,7 @@ def restore(trainer: Trainer, state: RunState, ckpt_path: str | Path, stage: str
     assert model is not None and wrapped is not None
     if str(ckpt_path) == "last":
         # Every rank loads rank zero's choice (the newest file, by its clock and disk).
-        path = _last_everywhere(trainer, stage)
+        path = last_everywhere(trainer, stage)
     else:
         path = resolve_ckpt_path(trainer, ckpt_path, stage)
     checkpoint = strategy.load_checkpoint(path)
