@@ -215,8 +215,11 @@ def test_chaos_random_losses_change_no_number(
     print(f"ACCORD_CHAOS_SEED={seed} replays these runs")  # shown with a failure
     for run in range(runs):
         where = chooser.choice(["forward", "backward", "validation", "save"])
-        every = {"validation": 10, "save": 8}.get(where, 1)  # when the point comes
-        step = every * chooser.randint(1, (STEPS - 10) // every)
+        if where == "validation":  # after batches 10 and 20 of each 25-step epoch
+            step = 25 * chooser.randint(0, STEPS // 25 - 1) + chooser.choice([10, 20])
+        else:  # a save every 8 steps
+            every = 8 if where == "save" else 1
+            step = every * chooser.randint(1, (STEPS - 10) // every)
         kill = f"{chooser.randint(1, 3)}:{step}:{where}"
         out = tmp_path / f"run{run}"
         print(f"run {run}: {kill}")
