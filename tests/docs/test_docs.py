@@ -97,6 +97,7 @@ SUBMODULES = (
     "accord.core.connections",
     "accord.launchers.loss_notes",
     "accord.launchers.supervisor",
+    "accord.callbacks.model_checkpoint_top_k",
     "accord.trainer.rank_loss",
     "accord.engines.horovod.dtypes",
     "accord.engines.horovod.environment",
