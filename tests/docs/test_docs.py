@@ -97,6 +97,8 @@ SUBMODULES = (
     "accord.core.regroup",
     "accord.core.connections",
     "accord.launchers.loss_notes",
+    "accord.launchers.lost_children",
+    "accord.launchers.unpicklable",
     "accord.launchers.supervisor",
     "accord.callbacks.model_checkpoint_top_k",
     "accord.trainer.rank_loss",
