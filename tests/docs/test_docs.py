@@ -74,6 +74,7 @@ PUBLIC_MODULES = (
 SUBMODULES = (
     "accord.engines.torch.collective",
     "accord.engines.torch.topology",
+    "accord.engines.torch.backend",
     "accord.engines.torch.ddp_decision",
     "accord.engines.deepspeed.collective",
     "accord.engines.deepspeed.extension",
