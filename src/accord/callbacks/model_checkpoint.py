@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import logging
-import math
-import string
 import time
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-from lightning_utilities.core.rank_zero import rank_zero_warn
 from typing_extensions import override
 
 from accord.callbacks import model_checkpoint_files as files
 from accord.callbacks.checkpoint import Checkpoint
-from accord.checkpoint.formats import finished_checkpoints
+from accord.callbacks.model_checkpoint_top_k import TopKRecord
 from accord.checkpoint.writing import link_atomically, remove_leftovers
 from accord.errors import ConfigurationError
 from accord.log import rank_zero_info
@@ -34,7 +30,7 @@ _Plan = tuple[float | None, str | None, str | None]
 """Rank zero's score and the paths of the top-k and the last checkpoint it will write."""
 
 
-class ModelCheckpoint(Checkpoint):
+class ModelCheckpoint(files.CheckpointNames, TopKRecord, Checkpoint):
     """Save checkpoints during fit: the top ``save_top_k`` by ``monitor``, and ``last.ckpt``.
 
     Lightning's arguments, names and directory. Without ``dirpath`` the checkpoints go
@@ -99,12 +95,6 @@ class ModelCheckpoint(Checkpoint):
             unknown ``mode`` or ``save_last``, or ``save_on_exception=True``.
     """
 
-    CHECKPOINT_JOIN_CHAR = "-"
-    CHECKPOINT_EQUALS_CHAR = "="
-    CHECKPOINT_NAME_LAST = "last"
-    FILE_EXTENSION = ".ckpt"
-    STARTING_VERSION = 1
-
     def __init__(
         self,
         dirpath: str | Path | None = None,
@@ -145,12 +135,7 @@ class ModelCheckpoint(Checkpoint):
         self.every_n_train_steps = every_n_train_steps or 0
         self.train_time_interval = train_time_interval
         self.save_on_train_epoch_end = save_on_train_epoch_end
-        self.best_k_models: dict[str, torch.Tensor] = {}
-        self.kth_best_model_path = ""
-        self.kth_value = torch.tensor(math.inf if mode == "min" else -math.inf)
-        self.best_model_path = ""
-        self.best_model_score: torch.Tensor | None = None
-        self.current_score: torch.Tensor | None = None
+        self._reset_top_k()
         self.last_model_path = ""
         self._last_checkpoint_saved = ""
         self._last_saved_step = -1
@@ -178,129 +163,6 @@ class ModelCheckpoint(Checkpoint):
         resolved = trainer.strategy.broadcast(dirpath, src=0)
         assert resolved is not None
         self.dirpath = Path(resolved)
-
-    def _resolve_dirpath(self, trainer: Trainer) -> Path:
-        if self._given_dirpath is not None:
-            return self._given_dirpath
-        return files.default_checkpoint_dir(trainer)
-
-    def checkpoint_dirs(self, trainer: Trainer) -> list[Path]:
-        """Where ``ckpt_path="last"`` and a restarted job look for this callback's files.
-
-        ``dirpath`` when given. Otherwise the default directory of ``trainer``'s run and,
-        when its logger numbers versions itself, the ``checkpoints`` of the experiment's
-        other versions (a restarted job writes to a new version).
-        """
-        if self._given_dirpath is not None:
-            return [self._given_dirpath]
-        return files.experiment_checkpoint_dirs(trainer)
-
-    def find_checkpoints(self, trainer: Trainer) -> list[Path]:
-        """The finished checkpoints in `checkpoint_dirs` (in the sub-directories a ``/`` in
-        the file name makes too); saves cut short are left out."""
-        return finished_checkpoints(
-            self.checkpoint_dirs(trainer), self.FILE_EXTENSION, self._name_depth()
-        )
-
-    # ------------------------------------------------------------------ names
-    def format_checkpoint_name(
-        self,
-        metrics: Mapping[str, Any],
-        filename: str | None = None,
-        ver: int | None = None,
-        prefix: str | None = None,
-    ) -> str:
-        """The path a checkpoint with ``metrics`` gets, as in Lightning.
-
-        ``filename`` (default: this callback's) is formatted with ``metrics``, each field
-        as ``name=value`` with ``auto_insert_metric_name`` (a field not in ``metrics`` is
-        0); ``prefix`` goes in front and ``-v<ver>`` behind, joined with
-        `CHECKPOINT_JOIN_CHAR`; then `FILE_EXTENSION`, under ``dirpath`` once it is known.
-
-        Example: with ``filename="{epoch}-{val_loss:.2f}"``,
-        ``format_checkpoint_name({"epoch": 2, "val_loss": 0.123})`` ends in
-        ``epoch=2-val_loss=0.12.ckpt``.
-        """
-        name = self._format_checkpoint_name(
-            filename or self.filename, metrics, prefix, self.auto_insert_metric_name
-        )
-        if ver is not None:
-            name = self.CHECKPOINT_JOIN_CHAR.join((name, f"v{ver}"))
-        name += self.FILE_EXTENSION
-        return str(self.dirpath / name) if self.dirpath is not None else name
-
-    def _format_checkpoint_name(
-        self,
-        filename: str | None,
-        metrics: Mapping[str, Any],
-        prefix: str | None = None,
-        auto_insert_metric_name: bool = True,
-    ) -> str:
-        template = filename or "{epoch}" + self.CHECKPOINT_JOIN_CHAR + "{step}"
-        return files.format_name(
-            template,
-            metrics,
-            prefix,
-            auto_insert_metric_name,
-            join=self.CHECKPOINT_JOIN_CHAR,
-            equals=self.CHECKPOINT_EQUALS_CHAR,
-        )
-
-    def _check_name(self, template: str | None, values: Mapping[str, Any]) -> None:
-        """Refuse a name whose fields are not all logged (Lightning would write 0), or that
-        does not format; every rank checks, so a bad name stops every rank together."""
-        template = template or "{epoch}{step}"
-        fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
-        missing = sorted(fields - set(values))
-        if missing:
-            raise ConfigurationError(
-                f"ModelCheckpoint(filename={template!r}) uses {missing}, which are not "
-                f"logged. Available: {sorted(values)}."
-            )
-        try:
-            self._format_checkpoint_name(template, values, None, self.auto_insert_metric_name)
-        except (ValueError, TypeError) as err:
-            raise ConfigurationError(
-                f"ModelCheckpoint(filename={template!r}) does not format with the logged "
-                f"values: {err}. Fix the format specs (a float metric takes '.4f', not 'd')."
-            ) from err
-
-    def _name_depth(self) -> int:
-        """How many directories deep under ``dirpath`` the names put checkpoints."""
-        depth = 0
-        for template in (self.filename, self.CHECKPOINT_NAME_LAST):
-            try:
-                name = self._format_checkpoint_name(
-                    template, {}, None, self.auto_insert_metric_name
-                )
-            except (ValueError, TypeError):
-                continue
-            depth = max(depth, name.count("/"))
-        return depth
-
-    def _free_name(
-        self, values: Mapping[str, Any], template: str | None, reusable: set[str]
-    ) -> str:
-        """The path for ``template``: its formatted name, with the first ``-v<n>`` not on
-        disk if that is taken (by a file this save does not replace)."""
-        path = self.format_checkpoint_name(values, template)
-        version = self.STARTING_VERSION
-        while self.enable_version_counter and path not in reusable and files.taken(path):
-            path = self.format_checkpoint_name(values, template, ver=version)
-            version += 1
-        return path
-
-    def _monitor_candidates(self, trainer: Trainer) -> dict[str, Any]:
-        """The values names are formatted with: the logged metrics, ``epoch`` and ``step``."""
-        values: dict[str, Any] = dict(trainer.callback_metrics)
-        epoch, step = values.get("epoch"), values.get("step")
-        values["epoch"] = (
-            epoch.int() if isinstance(epoch, torch.Tensor) else torch.tensor(trainer.current_epoch)
-        )
-        values["step"] = (
-            step.int() if isinstance(step, torch.Tensor) else torch.tensor(trainer.global_step)
-        )
-        return values
 
     # ------------------------------------------------------------------- when
     @override
@@ -416,29 +278,6 @@ class ModelCheckpoint(Checkpoint):
             last_path = self._free_name(values, self.CHECKPOINT_NAME_LAST, {self.last_model_path})
         return score, top_path, last_path
 
-    def _k(self) -> int:
-        return len(self.best_k_models) + 1 if self.save_top_k == -1 else self.save_top_k
-
-    def _worst(self) -> str:
-        if self.monitor is None:  # the oldest
-            return min(self.best_k_models, key=lambda p: float(self.best_k_models[p]))
-        pick = max if self.mode == "min" else min
-        return pick(self.best_k_models, key=lambda p: float(self.best_k_models[p]))
-
-    def _best(self) -> str:
-        pick = min if self.mode == "min" else max
-        return pick(self.best_k_models, key=lambda p: float(self.best_k_models[p]))
-
-    def _dropped_by_next(self) -> str | None:
-        """The checkpoint that leaves the top k when the next one enters, if any."""
-        return self._worst() if len(self.best_k_models) >= self._k() > 0 else None
-
-    def _enters_top_k(self, score: float | None) -> bool:
-        if score is None or len(self.best_k_models) < self._k():
-            return True
-        worst = float(self.best_k_models[self._worst()])
-        return score < worst if self.mode == "min" else score > worst
-
     def _save_top_k(
         self, trainer: Trainer, path: str, score: float | None, values: Mapping[str, Any]
     ) -> str | None:
@@ -448,42 +287,12 @@ class ModelCheckpoint(Checkpoint):
         be, and is put back if the write fails; the replaced file is deleted by the caller
         once everything new is written.
         """
-        before = (
-            dict(self.best_k_models),
-            self.best_model_path,
-            self.best_model_score,
-            self.kth_best_model_path,
-            self.kth_value,
-            self.current_score,
-        )
-        dropped = self._dropped_by_next()
-        if dropped is not None:
-            del self.best_k_models[dropped]
-        self.best_k_models.pop(path, None)
-        if score is None:
-            self.best_k_models[path] = torch.tensor(float(trainer.global_step))
-            self.best_model_path = path
-        else:
-            if math.isnan(score):
-                score = math.inf if self.mode == "min" else -math.inf
-            self.current_score = torch.tensor(score)
-            self.best_k_models[path] = self.current_score
-            if len(self.best_k_models) == self._k():
-                self.kth_best_model_path = self._worst()
-                self.kth_value = self.best_k_models[self.kth_best_model_path]
-            self.best_model_path = self._best()
-            self.best_model_score = self.best_k_models[self.best_model_path]
+        before = self._top_k_record()
+        dropped, score = self._enter_top_k(path, score, trainer.global_step)
         try:
             self._write(trainer, path)
         except BaseException:
-            (
-                self.best_k_models,
-                self.best_model_path,
-                self.best_model_score,
-                self.kth_best_model_path,
-                self.kth_value,
-                self.current_score,
-            ) = before
+            self._restore_top_k(before)
             raise
         if self.verbose and score is not None and trainer.is_global_zero:
             best = float(self.best_model_score) if self.best_model_score is not None else score
@@ -534,65 +343,3 @@ class ModelCheckpoint(Checkpoint):
         trainer.strategy.remove_checkpoint(path)
         if trainer.is_global_zero:
             files.remove_empty_parents(Path(path), directory)
-
-    def to_yaml(self, filepath: str | Path | None = None) -> None:
-        """Write `best_k_models` (checkpoint path: score) as YAML, to ``filepath`` or
-        ``<dirpath>/best_k_models.yaml``."""
-        if filepath is None:
-            if self.dirpath is None:
-                raise ConfigurationError(
-                    "ModelCheckpoint.to_yaml() needs a filepath before the callback has a "
-                    "dirpath (it gets one when a run starts)."
-                )
-            filepath = self.dirpath / "best_k_models.yaml"
-        scores = {path: float(value) for path, value in self.best_k_models.items()}
-        files.write_scores_yaml(scores, Path(filepath))
-
-    # ------------------------------------------------------------------ state
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "monitor": self.monitor,
-            "best_model_score": self.best_model_score,
-            "best_model_path": self.best_model_path,
-            "current_score": self.current_score,
-            "dirpath": str(self.dirpath) if self.dirpath is not None else None,
-            "best_k_models": dict(self.best_k_models),
-            "kth_best_model_path": self.kth_best_model_path,
-            "kth_value": self.kth_value,
-            "last_model_path": self.last_model_path,
-        }
-
-    @override
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Take back `state_dict`'s values.
-
-        As in Lightning, a state saved with another ``dirpath`` (a restarted job writes
-        to a new log version) gives back only ``best_model_path``: this run's top k starts
-        afresh and never deletes the other directory's files.
-        """
-        saved = state.get("dirpath")
-        if self.dirpath is None or saved is None or Path(saved) == self.dirpath:
-            if self.dirpath is None and saved is not None:
-                self.dirpath = Path(saved)
-            self.best_k_models = {
-                path: torch.as_tensor(value)
-                for path, value in state.get("best_k_models", {}).items()
-            }
-            self.best_model_score = _tensor_or_none(state.get("best_model_score"))
-            self.current_score = _tensor_or_none(state.get("current_score"))
-            self.kth_best_model_path = state.get("kth_best_model_path", "")
-            self.kth_value = torch.as_tensor(state.get("kth_value", self.kth_value))
-            self.last_model_path = state.get("last_model_path", "")
-        else:
-            rank_zero_warn(
-                f"ModelCheckpoint: the checkpoint's dirpath {saved!r} is not this run's "
-                f"{str(self.dirpath)!r}, so only best_model_path is restored; the top "
-                "k of this run starts afresh in its own directory.",
-                category=UserWarning,
-            )
-        self.best_model_path = state.get("best_model_path", "")
-
-
-def _tensor_or_none(value: Any) -> torch.Tensor | None:
-    return None if value is None else torch.as_tensor(value)

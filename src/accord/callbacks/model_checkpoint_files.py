@@ -1,5 +1,6 @@
 """`ModelCheckpoint`'s own rules: where it writes by default, how it names a checkpoint, its
-arguments checked, its scores as YAML.
+arguments checked, its scores as YAML; and `CheckpointNames`, the naming and directory
+methods `ModelCheckpoint` inherits.
 
 What is not `ModelCheckpoint`'s alone (finished checkpoints found, links switched in
 atomically, the leftovers of killed saves) is `accord.checkpoint`'s
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from accord.checkpoint.formats import finished_checkpoints
 from accord.errors import ConfigurationError
 from accord.loggers.logger import version_directory
 
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     from accord.trainer.trainer import Trainer
 
 __all__ = [
+    "CheckpointNames",
     "check_arguments",
     "default_checkpoint_dir",
     "experiment_checkpoint_dirs",
@@ -197,3 +200,147 @@ def taken(path: str) -> bool:
     """Whether something (a file, a directory, a link, a broken one too) is at ``path``."""
     target = Path(path)
     return target.exists() or target.is_symlink()
+
+
+class CheckpointNames:
+    """The names and directories of `ModelCheckpoint`, which inherits them: where its
+    checkpoints go and are looked for, the name each gets, and the free name a save takes.
+
+    Lightning's class attributes are here: a subclass may change the join and equals
+    characters, the last checkpoint's name, the extension and the first ``-v<n>``.
+    """
+
+    CHECKPOINT_JOIN_CHAR = "-"
+    CHECKPOINT_EQUALS_CHAR = "="
+    CHECKPOINT_NAME_LAST = "last"
+    FILE_EXTENSION = ".ckpt"
+    STARTING_VERSION = 1
+
+    _given_dirpath: Path | None
+    dirpath: Path | None
+    filename: str | None
+    auto_insert_metric_name: bool
+    enable_version_counter: bool
+
+    def _resolve_dirpath(self, trainer: Trainer) -> Path:
+        if self._given_dirpath is not None:
+            return self._given_dirpath
+        return default_checkpoint_dir(trainer)
+
+    def checkpoint_dirs(self, trainer: Trainer) -> list[Path]:
+        """Where ``ckpt_path="last"`` and a restarted job look for this callback's files.
+
+        ``dirpath`` when given. Otherwise the default directory of ``trainer``'s run and,
+        when its logger numbers versions itself, the ``checkpoints`` of the experiment's
+        other versions (a restarted job writes to a new version).
+        """
+        if self._given_dirpath is not None:
+            return [self._given_dirpath]
+        return experiment_checkpoint_dirs(trainer)
+
+    def find_checkpoints(self, trainer: Trainer) -> list[Path]:
+        """The finished checkpoints in `checkpoint_dirs` (in the sub-directories a ``/`` in
+        the file name makes too); saves cut short are left out."""
+        return finished_checkpoints(
+            self.checkpoint_dirs(trainer), self.FILE_EXTENSION, self._name_depth()
+        )
+
+    # ------------------------------------------------------------------ names
+    def format_checkpoint_name(
+        self,
+        metrics: Mapping[str, Any],
+        filename: str | None = None,
+        ver: int | None = None,
+        prefix: str | None = None,
+    ) -> str:
+        """The path a checkpoint with ``metrics`` gets, as in Lightning.
+
+        ``filename`` (default: this callback's) is formatted with ``metrics``, each field
+        as ``name=value`` with ``auto_insert_metric_name`` (a field not in ``metrics`` is
+        0); ``prefix`` goes in front and ``-v<ver>`` behind, joined with
+        `CHECKPOINT_JOIN_CHAR`; then `FILE_EXTENSION`, under ``dirpath`` once it is known.
+
+        Example: with ``filename="{epoch}-{val_loss:.2f}"``,
+        ``format_checkpoint_name({"epoch": 2, "val_loss": 0.123})`` ends in
+        ``epoch=2-val_loss=0.12.ckpt``.
+        """
+        name = self._format_checkpoint_name(
+            filename or self.filename, metrics, prefix, self.auto_insert_metric_name
+        )
+        if ver is not None:
+            name = self.CHECKPOINT_JOIN_CHAR.join((name, f"v{ver}"))
+        name += self.FILE_EXTENSION
+        return str(self.dirpath / name) if self.dirpath is not None else name
+
+    def _format_checkpoint_name(
+        self,
+        filename: str | None,
+        metrics: Mapping[str, Any],
+        prefix: str | None = None,
+        auto_insert_metric_name: bool = True,
+    ) -> str:
+        template = filename or "{epoch}" + self.CHECKPOINT_JOIN_CHAR + "{step}"
+        return format_name(
+            template,
+            metrics,
+            prefix,
+            auto_insert_metric_name,
+            join=self.CHECKPOINT_JOIN_CHAR,
+            equals=self.CHECKPOINT_EQUALS_CHAR,
+        )
+
+    def _check_name(self, template: str | None, values: Mapping[str, Any]) -> None:
+        """Refuse a name whose fields are not all logged (Lightning would write 0), or that
+        does not format; every rank checks, so a bad name stops every rank together."""
+        template = template or "{epoch}{step}"
+        fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+        missing = sorted(fields - set(values))
+        if missing:
+            raise ConfigurationError(
+                f"ModelCheckpoint(filename={template!r}) uses {missing}, which are not "
+                f"logged. Available: {sorted(values)}."
+            )
+        try:
+            self._format_checkpoint_name(template, values, None, self.auto_insert_metric_name)
+        except (ValueError, TypeError) as err:
+            raise ConfigurationError(
+                f"ModelCheckpoint(filename={template!r}) does not format with the logged "
+                f"values: {err}. Fix the format specs (a float metric takes '.4f', not 'd')."
+            ) from err
+
+    def _name_depth(self) -> int:
+        """How many directories deep under ``dirpath`` the names put checkpoints."""
+        depth = 0
+        for template in (self.filename, self.CHECKPOINT_NAME_LAST):
+            try:
+                name = self._format_checkpoint_name(
+                    template, {}, None, self.auto_insert_metric_name
+                )
+            except (ValueError, TypeError):
+                continue
+            depth = max(depth, name.count("/"))
+        return depth
+
+    def _free_name(
+        self, values: Mapping[str, Any], template: str | None, reusable: set[str]
+    ) -> str:
+        """The path for ``template``: its formatted name, with the first ``-v<n>`` not on
+        disk if that is taken (by a file this save does not replace)."""
+        path = self.format_checkpoint_name(values, template)
+        version = self.STARTING_VERSION
+        while self.enable_version_counter and path not in reusable and taken(path):
+            path = self.format_checkpoint_name(values, template, ver=version)
+            version += 1
+        return path
+
+    def _monitor_candidates(self, trainer: Trainer) -> dict[str, Any]:
+        """The values names are formatted with: the logged metrics, ``epoch`` and ``step``."""
+        values: dict[str, Any] = dict(trainer.callback_metrics)
+        epoch, step = values.get("epoch"), values.get("step")
+        values["epoch"] = (
+            epoch.int() if isinstance(epoch, torch.Tensor) else torch.tensor(trainer.current_epoch)
+        )
+        values["step"] = (
+            step.int() if isinstance(step, torch.Tensor) else torch.tensor(trainer.global_step)
+        )
+        return values

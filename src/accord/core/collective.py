@@ -5,7 +5,8 @@ A backend implements a handful of in-place primitives on private, contiguous buf
 this base class turns them into the public operations and keeps every promise of the
 contract on every backend: inputs are never modified, results land on the input's device or
 in a caller-owned ``out=`` tensor (`accord.core.buffers`), ``mean`` of an integer tensor is
-a float (`accord.core.reduce_op`), objects travel as pickled bytes (`accord.core.objects`).
+a float (`accord.core.reduce_op`), objects travel as pickled bytes (`accord.core.objects`),
+a bad argument gets the same error everywhere (`accord.core.op_checks`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing_extensions import Self
 from accord.core.buffers import deliver, finish, output_buffer, same_memory, work_buffer
 from accord.core.handle import CollectiveHandle
 from accord.core.objects import all_gather_object, broadcast_object
+from accord.core.op_checks import check_divisible, check_rank, check_tensor, unsupported
 from accord.core.overrides import adapt_overrides
 from accord.core.reduce_op import OP_SPELLINGS, ReduceOp, ReduceOpLike, reduce_dtypes
 from accord.errors import CollectiveNotSetupError
@@ -417,10 +419,7 @@ class Collective(ABC):
         return f"{type(self).__name__}({state})"
 
     def _unsupported(self, op: str) -> NotImplementedError:
-        return NotImplementedError(
-            f"{op} is not available on the {self.backend_name} backend "
-            f"({type(self).__name__}). Use another op or a backend that provides it."
-        )
+        return unsupported(op, self.backend_name, type(self).__name__)
 
     def _require_setup(self, op: str) -> None:
         if not self.is_setup:
@@ -430,25 +429,11 @@ class Collective(ABC):
             )
 
     def _check_ready(self, op: str, tensor: Any) -> None:
-        if not isinstance(tensor, torch.Tensor):
-            has_object_form = op in ("broadcast", "all_gather")
-            objects = f", or use {op}_object for Python objects" if has_object_form else ""
-            raise TypeError(
-                f"{op} expects a torch.Tensor, got {type(tensor).__name__}. Wrap the value "
-                f"with torch.tensor(...){objects}."
-            )
+        check_tensor(op, tensor)
         self._require_setup(op)
 
     def _check_divisible(self, op: str, tensor: torch.Tensor) -> None:
-        if tensor.dim() == 0 or tensor.shape[0] % self.world_size:
-            raise ValueError(
-                f"{op} needs a first dimension divisible by world_size={self.world_size}, got "
-                f"shape {tuple(tensor.shape)}. Pad the tensor first."
-            )
+        check_divisible(op, tensor, self.world_size)
 
     def _check_rank(self, role: str, rank: int) -> None:
-        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < self.world_size:
-            raise ValueError(
-                f"{role}={rank!r} is not a rank of this group; use an int in "
-                f"[0, {self.world_size - 1}]."
-            )
+        check_rank(role, rank, self.world_size)

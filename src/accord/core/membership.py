@@ -56,7 +56,7 @@ class MemberCollective(Collective):
     def join_running(self) -> Regrouped:
         """As a replacement for a lost rank (`rejoining`): join the running group at its
         next step boundary (see
-        `accord.core.process_group.ProcessGroupCollective.join_running`).
+        `accord.core.group_membership.RegroupingCollective.join_running`).
 
         Raises:
             CollectiveError: this collective cannot.
@@ -71,7 +71,7 @@ class MemberCollective(Collective):
     def regroup(self, progress: dict[str, Any], admit: bool = False) -> Regrouped:
         """Form a new group of the ranks left after a failed wait, or with ``admit`` of the
         ranks and the replacements waiting to join (see
-        `accord.core.process_group.ProcessGroupCollective.regroup`).
+        `accord.core.group_membership.RegroupingCollective.regroup`).
 
         Raises:
             CollectiveError: this collective cannot (the default).

@@ -5,7 +5,9 @@ Every collective whose ops run on a torch.distributed group (`TorchCollective`,
 joins one that already exists (torchrun, a user's ``init_process_group``, another
 collective) and records which; ``teardown()`` destroys only what ``setup()`` created, and
 is idempotent. A subclass supplies its primitives and, where its engine needs them, the
-hooks `_prepare`, `_join`, `_init_with_method` and `_destroy`.
+hooks `_prepare`, `_join`, `_init_with_method` and `_destroy`. What comes once the group
+exists (the members' heartbeats, a new group of the survivors of a lost rank, a
+replacement's join) is its base's, `accord.core.group_membership.RegroupingCollective`.
 
 What a new group needs comes from the modules beside this one: where it meets
 (`accord.core.rendezvous_address`: the arguments, else ``RANK``/``WORLD_SIZE``/
@@ -27,19 +29,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from typing_extensions import Self, override
 
 from accord.core.backend_threads import LentTensors, settle_at_exit
-from accord.core.connections import GroupConnections
-from accord.core.liveness import Liveness, lost_ranks_error, members_prefix
-from accord.core.membership import MemberCollective
-from accord.core.regroup import REJOIN_ENV_VAR, Regrouped, Regrouping
-from accord.core.rendezvous import (
-    client_store,
-    init_group_on_prefix,
-    init_group_on_shared_store,
-    rendezvous_timeout,
-)
+from accord.core.group_membership import RegroupingCollective
+from accord.core.liveness import members_prefix
+from accord.core.regroup import REJOIN_ENV_VAR, Regrouping
+from accord.core.rendezvous import init_group_on_shared_store
 from accord.core.rendezvous_address import Rendezvous, find_rendezvous
 from accord.core.timeouts import BackendTimeouts, as_timedelta, timeout_from_env
-from accord.errors import AccordError, CollectiveError, ConfigurationError, is_communication_error
+from accord.errors import CollectiveError, ConfigurationError
 
 if TYPE_CHECKING:
     import torch
@@ -48,7 +44,7 @@ if TYPE_CHECKING:
 __all__ = ["ProcessGroupCollective"]
 
 
-class ProcessGroupCollective(MemberCollective):
+class ProcessGroupCollective(RegroupingCollective):
     """Base of the collectives whose ops run on a torch.distributed process group.
 
     Args:
@@ -83,10 +79,6 @@ class ProcessGroupCollective(MemberCollective):
         self._group: ProcessGroup | None = None
         self._lent = LentTensors()
         self._guards: dict[str, BackendTimeouts] = {}
-        self.liveness: Liveness | None = None
-        self._regrouping: Regrouping | None = None
-        self._connections = GroupConnections()
-        self._meeting: Rendezvous | None = None
         super().__init__()
 
     # ----------------------------------------------------------------- identity
@@ -173,38 +165,9 @@ class ProcessGroupCollective(MemberCollective):
             if meeting.init_method is not None:
                 self._init_with_method(backend, meeting)
             elif os.environ.pop(REJOIN_ENV_VAR, None) == "1":
-                # A replacement works alone until it reaches the training loop
-                # (`join_running`): what ranks do before it (setup hooks, wrapping the
-                # module) must not meet the running group's collectives.
-                alone = dist.HashStore()  # type: ignore[attr-defined]
-                dist.init_process_group(
-                    backend, store=alone, rank=0, world_size=1, timeout=self.timeout
-                )
-                self._join()
-                self._meeting, self.rejoining = meeting, True
+                self._start_alone(backend, meeting)
             else:
-                store, prefix = init_group_on_shared_store(
-                    backend,
-                    meeting.address,
-                    meeting.port,
-                    meeting.rank,
-                    meeting.world_size,
-                    self.timeout,
-                    self._connections,
-                )
-                self._join()
-                self._start_heartbeat(meeting)
-                self._meeting = meeting
-                self._regrouping = Regrouping(
-                    store,
-                    prefix,
-                    members_prefix(),
-                    meeting.rank,
-                    range(meeting.world_size),
-                    self.timeout,
-                )
-                if meeting.rank == 0:
-                    self._regrouping.publish()
+                self._create_on_shared_store(backend, meeting)
             self._created = True
         self._rank = dist.get_rank(self._group)
         self._world_size = dist.get_world_size(self._group)
@@ -214,9 +177,43 @@ class ProcessGroupCollective(MemberCollective):
         self._adopt()
         return self
 
-    def _adopt(self) -> None:
-        """Run once the group is ready (after `setup`, and after `regroup` made a new one):
-        a subclass caches what its ops use of the group."""
+    def _start_alone(self, backend: str, meeting: Rendezvous) -> None:
+        """As a replacement for a lost rank: a group of one, until `join_running`."""
+        import torch.distributed as dist
+
+        # A replacement works alone until it reaches the training loop
+        # (`join_running`): what ranks do before it (setup hooks, wrapping the
+        # module) must not meet the running group's collectives.
+        alone = dist.HashStore()  # type: ignore[attr-defined]
+        dist.init_process_group(backend, store=alone, rank=0, world_size=1, timeout=self.timeout)
+        self._join()
+        self._meeting, self.rejoining = meeting, True
+
+    def _create_on_shared_store(self, backend: str, meeting: Rendezvous) -> None:
+        """Create the default group on the store every collective of this process meets on,
+        with this rank's heartbeat and what a `regroup` needs."""
+        store, prefix = init_group_on_shared_store(
+            backend,
+            meeting.address,
+            meeting.port,
+            meeting.rank,
+            meeting.world_size,
+            self.timeout,
+            self._connections,
+        )
+        self._join()
+        self._start_heartbeat(meeting)
+        self._meeting = meeting
+        self._regrouping = Regrouping(
+            store,
+            prefix,
+            members_prefix(),
+            meeting.rank,
+            range(meeting.world_size),
+            self.timeout,
+        )
+        if meeting.rank == 0:
+            self._regrouping.publish()
 
     def rendezvous(
         self,
@@ -262,156 +259,7 @@ class ProcessGroupCollective(MemberCollective):
         self._rank = self._world_size = -1
         return self
 
-    # ---------------------------------------------------------------- liveness
-    def _start_heartbeat(self, meeting: Rendezvous) -> None:
-        """Keep this rank's heartbeat on the store the group met on (several ranks only)."""
-        if meeting.world_size < 2:
-            return
-        self.liveness = Liveness(
-            meeting.address,
-            meeting.port,
-            members_prefix(),
-            meeting.rank,
-            range(meeting.world_size),
-        )
-        self.liveness.start(lambda: self._progress())
-
-    @override
-    def diagnose(self, error: BaseException, where: str) -> AccordError | None:
-        """Name who the failed wait was on: the ranks whose heartbeat stopped (dead or
-        frozen: `RankFailureError`), else the ranks that are alive but elsewhere
-        (`CollectiveTimeoutError`), with what every rank was doing."""
-        liveness = self.liveness
-        if liveness is None or not is_communication_error(error):
-            return None
-        return lost_ranks_error(liveness.survey(), self._rank, where, error)
-
-    # ----------------------------------------------------------------- regroup
-    @override
-    def join_running(self) -> Regrouped:
-        """As a replacement (``ACCORD_REJOIN=1``), at the training loop: leave the group of
-        one `setup` made, ask the running group to take this rank in and join it once it
-        has, at its next step boundary (`Regrouping.join`).
-
-        Raises:
-            CollectiveError: this process is no replacement (see `rejoining`).
-            accord.core.regroup.Excluded: the run ended before it took this rank in.
-            RankFailureError: no group took this rank in within the rendezvous timeout.
-        """
-        import torch.distributed as dist
-
-        meeting = self._meeting
-        if not self.rejoining or meeting is None:
-            raise CollectiveError(f"{type(self).__name__} is not waiting to join a run.")
-        dist.destroy_process_group()
-        store = client_store(meeting.address, meeting.port)
-        self._start_heartbeat(meeting)
-        regrouping, joined = Regrouping.join(
-            store, members_prefix(), meeting.rank, self.timeout, rendezvous_timeout()
-        )
-        rank = joined.rank_of(meeting.rank)
-        self._prepare(rank)
-        init_group_on_prefix(
-            self._backend or self._default_backend(),
-            store,
-            regrouping.group_prefix(),
-            meeting.address,
-            meeting.port,
-            rank,
-            len(joined.members),
-            self.timeout,
-            self._connections,
-        )
-        self._join()
-        self._regrouping, self.rejoining = regrouping, False
-        self._rank, self._world_size = dist.get_rank(), dist.get_world_size()
-        if self.liveness is not None:
-            self.liveness.members = joined.members
-            self.liveness.joins_handled = regrouping.joins_handled
-        settle_at_exit()
-        self._adopt()
-        return joined
-
-    @property
-    @override
-    def join_pending(self) -> bool:
-        """Whether a replacement rank waits to be taken in (see `regroup`'s ``admit``)."""
-        return self.liveness is not None and self.liveness.join_pending
-
-    @property
-    @override
-    def can_regroup(self) -> bool:
-        """Whether `regroup` works: this collective created the default group of several
-        ranks on a shared rendezvous store (not under a user's ``init_method``)."""
-        return self._regrouping is not None and self._group is None
-
-    @property
-    def member(self) -> int:
-        """This process's member id: its rank when the group first formed."""
-        return self._regrouping.member if self._regrouping is not None else self.rank
-
-    @override
-    def regroup(self, progress: dict[str, Any], admit: bool = False) -> Regrouped:
-        """After a failed wait: drop the group, agree with the other survivors on who is
-        left (`accord.core.regroup`), and form a new default group of them on a fresh key
-        prefix. Every survivor must call it; ``progress`` is what this rank tells the
-        others about itself (it comes back in the result). The rank and world size follow
-        the new group.
-
-        Raises:
-            CollectiveError: this collective cannot regroup (see `can_regroup`).
-            accord.core.regroup.Excluded: the others went on without this rank.
-            RankFailureError: the rendezvous store is gone.
-        """
-        import torch.distributed as dist
-
-        regrouping, meeting = self._regrouping, self._meeting
-        if regrouping is None or meeting is None or self._group is not None:
-            raise CollectiveError(
-                f"{type(self).__name__} cannot regroup: only a group it created itself on "
-                "the rendezvous store can (not one joined from a user's init_process_group "
-                "or init_method, nor a sub-group)."
-            )
-        self._lent.collect()
-        # Closing this rank's connections ends the others' waits on it at once.
-        self._connections.sever()
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        regrouped = regrouping.agree(progress, admit)
-        rank = regrouped.rank_of(regrouping.member)
-        self._rank, self._world_size = rank, len(regrouped.members)
-        self._prepare(rank)
-        init_group_on_prefix(
-            self._backend or self._default_backend(),
-            regrouping.store,
-            regrouping.group_prefix(),
-            meeting.address,
-            meeting.port,
-            rank,
-            len(regrouped.members),
-            self.timeout,
-            self._connections,
-        )
-        self._join()
-        self._rank = dist.get_rank()
-        self._world_size = dist.get_world_size()
-        if self.liveness is not None:
-            self.liveness.members = regrouped.members
-            self.liveness.joins_handled = regrouping.joins_handled
-        self._adopt()
-        return regrouped
-
     # -------------------------------------------------------- hooks for engines
-    def _default_backend(self) -> str:
-        """The backend used when none was given: gloo, unless the engine knows better."""
-        return "gloo"
-
-    def _prepare(self, rank: int) -> None:
-        """Run before the group is created or joined, with this process's rank."""
-
-    def _join(self) -> None:
-        """Adopt the default group that now exists (made by `setup` or by someone else)."""
-
     def _init_with_method(self, backend: str, meeting: Rendezvous) -> None:
         """Create the default group through ``meeting.init_method``."""
         import torch.distributed as dist

@@ -39,6 +39,7 @@ from accord.errors import (
 )
 from accord.launchers.launcher import PARENT_ENV, Launcher, SignalForwarder, rank_environment
 from accord.launchers.loss_notes import LossNotes
+from accord.launchers.lost_children import LostChildren, how_it_ended
 
 __all__ = ["SubprocessScriptLauncher"]
 
@@ -80,13 +81,16 @@ class SubprocessScriptLauncher(Launcher):
         self._failure: tuple[int, int] | None = None
         self._handling = False
         self._handled = threading.Event()
-        # The children lost while the run went on without them (local rank: exit code),
-        # those to start again once the others went on without them, and how many times
-        # each was.
-        self._lost: dict[int, int] = {}
-        self._to_restart: set[int] = set()
-        self._restarts: dict[int, int] = {}
+        # The children lost while the run went on without them, and their replacements.
+        self._losses = LostChildren(self._member)
         self._command: list[str] = []
+
+    def _member(self, local_rank: int) -> int:
+        return self.cluster_environment.node_rank() * self.num_processes + local_rank
+
+    def _restarted(self, local_rank: int) -> subprocess.Popen[bytes]:
+        """A replacement for the lost local rank ``local_rank``."""
+        return subprocess.Popen(self._command, env=self._child_env(local_rank, True))
 
     @override
     def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -168,7 +172,7 @@ class SubprocessScriptLauncher(Launcher):
         dead = []
         for local_rank, child in enumerate(self.children, start=1):
             code = child.poll()
-            if code is not None and code not in _FINE and local_rank not in self._lost:
+            if code is not None and code not in _FINE and local_rank not in self._losses.lost:
                 dead.append((local_rank, int(code)))
         # A rank killed by a signal did not see anything go wrong: the others that exited
         # with an error most likely lost contact with it.
@@ -194,7 +198,7 @@ class SubprocessScriptLauncher(Launcher):
             "local rank %d %s; stopping the other ranks (its traceback, if it raised, is "
             "printed above).",
             local_rank,
-            _how(code),
+            how_it_ended(code),
         )
         return failure
 
@@ -245,71 +249,20 @@ class SubprocessScriptLauncher(Launcher):
         while not self._handling:
             failure = self._dead_child()
             if failure is not None and notes is not None:
-                self._note_lost(notes, *failure)
+                self._losses.note(notes, *failure, self.max_restarts)
                 continue
             if notes is not None:
-                self._stop_left(notes)
-                self._restart_lost(notes)
+                self._losses.stop_left(notes, self.children)
+                self._losses.restart(notes, self.children, self._restarted, self.max_restarts)
             if failure is not None:
                 self._fail(failure)
                 return
-            if not self._to_restart and all(
-                child.poll() in _FINE or local_rank in self._lost
+            if not self._losses.to_restart and all(
+                child.poll() in _FINE or local_rank in self._losses.lost
                 for local_rank, child in enumerate(self.children, start=1)
             ):
                 return
             time.sleep(_POLL_SECONDS)
-
-    def _member(self, local_rank: int) -> int:
-        return self.cluster_environment.node_rank() * self.num_processes + local_rank
-
-    def _note_lost(self, notes: LossNotes, local_rank: int, code: int) -> None:
-        """A child died while the run goes on without it: say so, and leave its cause on
-        the rendezvous store, where the other ranks look when they regroup."""
-        self._lost[local_rank] = code
-        member = self._member(local_rank)
-        _log.warning(
-            "local rank %d (rank %d) %s; the others go on without it.",
-            local_rank,
-            member,
-            _how(code),
-        )
-        notes.lost(member, code)
-        if self._restarts.get(local_rank, 0) < self.max_restarts:
-            self._to_restart.add(local_rank)
-
-    def _restart_lost(self, notes: LossNotes) -> None:
-        """Start a replacement for each lost child with restarts left, once the others
-        went on without it: it joins the run at the next step boundary."""
-        for local_rank in sorted(self._to_restart):
-            member = self._member(local_rank)
-            if not notes.left(member):
-                continue
-            self._to_restart.discard(local_rank)
-            notes.forget(member)
-            self._restarts[local_rank] = self._restarts.get(local_rank, 0) + 1
-            _log.warning(
-                "starting local rank %d (rank %d) again (restart %d of %d); it rejoins the "
-                "run at the next step boundary.",
-                local_rank,
-                member,
-                self._restarts[local_rank],
-                self.max_restarts,
-            )
-            child = subprocess.Popen(self._command, env=self._child_env(local_rank, True))
-            self.children[local_rank - 1] = child
-            del self._lost[local_rank]
-
-    def _stop_left(self, notes: LossNotes) -> None:
-        """Kill the children the others went on without (a frozen rank), so no process
-        is left behind."""
-        for local_rank, child in enumerate(self.children, start=1):
-            if local_rank in self._lost or child.poll() is not None:
-                continue
-            if notes.left(self._member(local_rank)):
-                child.kill()
-                child.wait()
-                self._lost[local_rank] = int(child.returncode)
 
     def _fail(self, failure: tuple[int, int]) -> None:
         if self._record(failure, from_watcher=True) is None:
@@ -354,19 +307,13 @@ class SubprocessScriptLauncher(Launcher):
                     self.failure_grace,
                 )
                 continue
-            if not reported and code not in _FINE and local_rank not in self._lost:
+            if not reported and code not in _FINE and local_rank not in self._losses.lost:
                 _log.warning(
                     "local rank %d %s as it exited, after rank 0 had finished; its output "
                     "above says why.",
                     local_rank,
-                    _how(code),
+                    how_it_ended(code),
                 )
-
-
-def _how(code: int) -> str:
-    if code < 0:
-        return f"was killed by signal {-code} (exit code {code})"
-    return f"exited with code {code}"
 
 
 def _names_lost(error: BaseException) -> bool:
@@ -383,7 +330,7 @@ def _report(failure: tuple[int, int], err: BaseException) -> str:
     else:
         consequence = f"rank 0 stopped too: {type(err).__name__}: {err}"
     return (
-        f"Local rank {local_rank} failed: it {_how(code)}; its traceback, if it raised, is "
+        f"Local rank {local_rank} failed: it {how_it_ended(code)}; its traceback, if it raised, is "
         f"printed above. Consequence: {consequence}"
     )
 

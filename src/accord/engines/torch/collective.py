@@ -27,6 +27,7 @@ from typing_extensions import Self, override
 from accord.core.buffers import byte_view
 from accord.core.collective import ReduceOp
 from accord.core.process_group import ProcessGroupCollective
+from accord.engines.torch.backend import averages_natively, default_torch_backend, torch_op
 from accord.engines.torch.topology import (
     build_device_mesh,
     check_membership,
@@ -40,14 +41,6 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = ["TorchCollective", "default_torch_backend"]
-
-
-def default_torch_backend(device: torch.device | None = None) -> str:
-    """``nccl`` for CUDA devices when it is available, else ``gloo``."""
-    import torch.distributed as dist
-
-    is_cuda = device.type == "cuda" if device is not None else torch.cuda.is_available()
-    return "nccl" if is_cuda and dist.is_nccl_available() else "gloo"
 
 
 class TorchCollective(ProcessGroupCollective):
@@ -124,7 +117,7 @@ class TorchCollective(ProcessGroupCollective):
 
     @override
     def _adopt(self) -> None:
-        self._native_mean = _averages_natively(self.backend)
+        self._native_mean = averages_natively(self.backend)
         import torch.distributed as dist
         from torch._C._distributed_c10d import AllgatherOptions
 
@@ -235,7 +228,7 @@ class TorchCollective(ProcessGroupCollective):
         import torch.distributed as dist
 
         with self._op("all_reduce"):
-            dist.all_reduce(self._lend(buffer), op=_torch_op(op), group=self._group)
+            dist.all_reduce(self._lend(buffer), op=torch_op(op), group=self._group)
 
     def _direct_group(self, tensor: torch.Tensor) -> ProcessGroup | None:
         """The group to call directly for an all-reduce of ``tensor``, or None where
@@ -263,7 +256,7 @@ class TorchCollective(ProcessGroupCollective):
             import torch.distributed as dist
 
             options = self._reduce_options[op] = dist.AllreduceOptions()
-            options.reduceOp = _torch_op(op)
+            options.reduceOp = torch_op(op)
         return group.allreduce([self._lend(buffer)], options)
 
     @override
@@ -278,7 +271,7 @@ class TorchCollective(ProcessGroupCollective):
             import torch.distributed as dist
 
             work = dist.all_reduce(
-                self._lend(buffer), op=_torch_op(op), group=self._group, async_op=True
+                self._lend(buffer), op=torch_op(op), group=self._group, async_op=True
             )
         assert work is not None
         future: torch.futures.Future[Any] = work.get_future()
@@ -317,7 +310,7 @@ class TorchCollective(ProcessGroupCollective):
             scatter(
                 self._lend(output.view(-1)),
                 self._lend(tensor.view(-1)),
-                op=_torch_op(op),
+                op=torch_op(op),
                 group=self._group,
             )
 
@@ -374,28 +367,3 @@ class TorchCollective(ProcessGroupCollective):
             dist.all_to_all_single(
                 self._lend(byte_view(output)), self._lend(byte_view(tensor)), group=self._group
             )
-
-
-_TORCH_OPS: dict[ReduceOp, Any] = {}
-
-
-def _averages_natively(backend: str) -> bool:
-    """Whether every device backend in ``backend`` (``"gloo"``, ``"cpu:gloo,cuda:nccl"``)
-    implements ``ReduceOp.AVG`` for floating-point tensors (MPI and UCC do not)."""
-    return {part.rpartition(":")[2] for part in backend.split(",")} <= {"gloo", "nccl"}
-
-
-def _torch_op(op: ReduceOp) -> Any:
-    if not _TORCH_OPS:  # built on first use: torch.distributed is imported lazily
-        import torch.distributed as dist
-
-        _TORCH_OPS.update(
-            {
-                ReduceOp.SUM: dist.ReduceOp.SUM,
-                ReduceOp.MEAN: dist.ReduceOp.AVG,
-                ReduceOp.MAX: dist.ReduceOp.MAX,
-                ReduceOp.MIN: dist.ReduceOp.MIN,
-                ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT,
-            }
-        )
-    return _TORCH_OPS[op]

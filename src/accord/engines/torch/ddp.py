@@ -30,6 +30,7 @@ from accord.core.step_module import StepModule
 from accord.core.timeouts import DEFAULT_TIMEOUT
 from accord.core.wrappers.policy import has_layer
 from accord.engines.torch.collective import TorchCollective, default_torch_backend
+from accord.engines.torch.ddp_decision import DECISION_PARAMETER, DecisionSlots, add_decision_slots
 from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import ConfigurationError
 from accord.precision import Precision
@@ -37,9 +38,6 @@ from accord.precision import Precision
 __all__ = ["DDPStrategy"]
 
 GradientSync = Literal["native", "collective"]
-
-# The parameter of the wrapped `StepModule` whose gradient carries the step decision.
-_DECISION_SLOTS = "accord_step_decision"
 
 
 class DDPStrategy(ParallelStrategy):
@@ -126,7 +124,7 @@ class DDPStrategy(ParallelStrategy):
         # Depth of `no_backward_sync` contexts entered for a manual backward.
         self._manual_sync_blocked = 0
         # The step-decision parameter of the module last wrapped (found on first use).
-        self._slots: _DecisionSlots | None = None
+        self._slots: DecisionSlots | None = None
 
     @override
     def default_collective(self) -> Collective:
@@ -160,12 +158,8 @@ class DDPStrategy(ParallelStrategy):
             kwargs["find_unused_parameters"] = self.run_settings.manual_optimization
         step_module = StepModule(module)
         if self._can_carry_decision(kwargs):
-            # One slot per rank; DDP averages its gradient along with the others. DDP
-            # buckets gradients per dtype: slots of the parameters' dtype share their
-            # bucket instead of costing an all-reduce of their own.
-            dtype = _slot_dtype(module, self.world_size)
-            slots = torch.zeros(self.world_size, dtype=dtype, device=self.root_device)
-            step_module.register_parameter(_DECISION_SLOTS, nn.Parameter(slots))
+            # One slot per rank; DDP averages its gradient along with the others.
+            add_decision_slots(step_module, self.world_size, self.root_device)
         wrapped = DistributedDataParallel(
             step_module,
             device_ids=device_ids,
@@ -249,7 +243,7 @@ class DDPStrategy(ParallelStrategy):
         it then costs no collective of its own, and under load no second meeting of the
         ranks per step."""
         return isinstance(module, DistributedDataParallel) and hasattr(
-            module.module, _DECISION_SLOTS
+            module.module, DECISION_PARAMETER
         )
 
     @override
@@ -287,12 +281,12 @@ class DDPStrategy(ParallelStrategy):
             return functools.partial(model, name)
         return super().step_function(model, name)
 
-    def _decision_slots(self, module: nn.Module) -> _DecisionSlots:
+    def _decision_slots(self, module: nn.Module) -> DecisionSlots:
         slots = self._slots
         if slots is None or slots.owner is not module:
             assert isinstance(module, DistributedDataParallel)
-            param: nn.Parameter = getattr(module.module, _DECISION_SLOTS)
-            slots = self._slots = _DecisionSlots(module, param, self.global_rank)
+            param: nn.Parameter = getattr(module.module, DECISION_PARAMETER)
+            slots = self._slots = DecisionSlots(module, param, self.global_rank)
         return slots
 
     @override
@@ -356,54 +350,3 @@ def _ddp_gradient_bucket_hook(
 _ddp_gradient_bucket_hook.__annotations__.update(
     {"bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}  # type: ignore[attr-defined]
 )
-
-
-def _slot_dtype(module: nn.Module, world_size: int) -> torch.dtype:
-    """The dtype of ``module``'s first trainable floating-point parameter (float32 if it has
-    none): it holds a rank's bits (at most 15) over the world size closely enough to round
-    back, except float16 beyond 4096 ranks, where the quotient leaves its normal range."""
-    for param in module.parameters():
-        if param.requires_grad and param.is_floating_point():
-            if param.dtype == torch.float16 and world_size > 4096:
-                break
-            return param.dtype
-    return torch.float32
-
-
-class _DecisionSlots:
-    """The parameter whose averaged gradient carries the step decision (one slot per rank)
-    of the DDP module ``owner``, with the weights that put a rank's bits in its own slot:
-    the loop's term is ``dot(param, weights(bits))``, one autograd node."""
-
-    __slots__ = ("by_bits", "owner", "param", "rank")
-
-    def __init__(self, owner: nn.Module, param: nn.Parameter, rank: int) -> None:
-        self.owner = owner
-        self.param = param
-        self.rank = rank
-        # Per value of integer bits (at most 8 values): built once, never written to.
-        self.by_bits: dict[int, torch.Tensor] = {}
-
-    def weights(self, bits: int | torch.Tensor) -> torch.Tensor:
-        """A constant vector: ``bits`` at this rank's slot, zero elsewhere."""
-        if not isinstance(bits, int):
-            return self.weights(1) * bits.to(self.param.dtype)
-        weights = self.by_bits.get(bits)
-        if weights is None:
-            weights = torch.zeros_like(self.param, requires_grad=False)
-            weights[self.rank] = bits
-            self.by_bits[bits] = weights
-        return weights
-
-    def read(self) -> list[int]:
-        """Every rank's bits from the averaged gradient; the slots are zero again after."""
-        grad = self.param.grad
-        if grad is None:
-            raise RuntimeError("read_step_decision before a backward of step_decision_term.")
-        values = grad.tolist()
-        world_size = len(values)
-        if not any(values):
-            return [0] * world_size  # nearly every step: nothing to clear
-        grad.zero_()
-        # DDP averaged the slots: each holds one rank's bits over the world size.
-        return [round(v * world_size) for v in values]
