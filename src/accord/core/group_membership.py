@@ -50,6 +50,12 @@ class RegroupingCollective(MemberCollective):
         self._meeting: Rendezvous | None = None
         super().__init__()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy (a pickled strategy) holds no heartbeat thread, store or sockets of its own.
+        state: dict[str, Any] = super().__getstate__()  # type: ignore[misc]
+        state.update(liveness=None, _regrouping=None, _connections=GroupConnections())
+        return state
+
     # ---------------------------------------------------------------- liveness
     def _start_heartbeat(self, meeting: Rendezvous) -> None:
         """Keep this rank's heartbeat on the store the group met on (several ranks only)."""

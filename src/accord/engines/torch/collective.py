@@ -130,7 +130,7 @@ class TorchCollective(ProcessGroupCollective):
     def __getstate__(self) -> dict[str, Any]:
         # A process group and torch's options objects do not pickle: a copy calls the
         # torch.distributed functions instead.
-        state = self.__dict__.copy()
+        state = super().__getstate__()
         state["_direct"] = None
         state["_coalescing"] = {}
         state["_reduce_options"] = {}
