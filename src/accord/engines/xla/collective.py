@@ -41,7 +41,7 @@ own: the averaging of an optimizer's gradients with XLA's bucketed all-reduce
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -50,6 +50,7 @@ from typing_extensions import Self, override
 from accord.core.collective import ReduceOp
 from accord.core.membership import MemberCollective
 from accord.core.timeouts import DEFAULT_TIMEOUT, timeout_from_env
+from accord.engines.xla.programs import gate, launch
 from accord.errors import CollectiveTimeoutError
 from accord.imports import require
 
@@ -69,58 +70,12 @@ _NARROW = frozenset({torch.bfloat16, torch.float16})
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 """An integer dtype of each element size: data movement adds zeros to these, bit-exactly."""
 
-# XLA's runtime is per process, and so are these: the lock that makes ranks sharing a
-# process launch programs one at a time (see the module docstring), the one around the
-# dtype views of `_bits`, and which collective joined first on each rank, so setup() can
-# report whether it created the rank's membership, as torch.distributed reports a default
-# group.
-_LAUNCH_LOCK = threading.Lock()
+# XLA's runtime is per process, and so are these: the lock around the dtype views of
+# `_bits`, and which collective joined first on each rank, so setup() can report whether it
+# created the rank's membership, as torch.distributed reports a default group.
 _VIEW_LOCK = threading.Lock()
 _MEMBERS_LOCK = threading.Lock()
 _MEMBERS: dict[int, int] = {}
-
-# Where the ranks of this process meet before a collective's program starts (by their
-# number). XLA's in-process collectives wait 5 s for every device to arrive, warn, wait
-# 10 s more and then abort the process (fixed in XLA, no flag), which xmp.spawn reports as
-# "A process in the process pool was terminated abruptly". A rank 15 s behind its peer is
-# no error (a busy machine, a program only it still has to compile), so the ranks first
-# wait for each other here, for as long as any collective may wait.
-_GATES: dict[int, threading.Barrier] = {}
-
-
-def _gate(parties: int) -> threading.Barrier:
-    with _MEMBERS_LOCK:
-        gate = _GATES.get(parties)
-        if gate is None:
-            gate = _GATES[parties] = threading.Barrier(parties)
-        return gate
-
-
-def launch(tensors: Sequence[torch.Tensor] | None = None) -> None:
-    """Run the pending XLA work of ``tensors`` (default: everything on this rank's device).
-
-    The program is launched under the process-wide lock and then awaited outside it, so
-    ranks that share a process compile each program once and run the same executable,
-    and no rank holds the lock while its device waits for the others. Use it instead of
-    ``torch_xla.sync()`` wherever the pending work may hold a collective.
-    """
-    import torch_xla
-    import torch_xla.core.xla_model as xm
-
-    device = torch_xla.device()
-    # A sync that finds nothing to run still takes a device lock, and not this rank's
-    # (torch_xla 2.9 was seen blocking on the device of a rank that waited in a collective
-    # for this one: a deadlock). A pending zero on this device keeps the sync on it.
-    anchor = torch.zeros((), device=device)
-    with _LAUNCH_LOCK:
-        if tensors is None:
-            torch_xla.sync()
-        else:
-            torch_xla._XLAC._xla_sync_multi([*tensors, anchor], devices=[], wait=False)
-            # The token chains collectives inside one program; a new program starts afresh.
-            torch_xla._XLAC._set_all_reduce_token(str(device), None)
-    xm.wait_device_ops(xm.xla_real_devices([str(device)]))
-    del anchor
 
 
 class XLACollective(MemberCollective):
@@ -182,7 +137,7 @@ class XLACollective(MemberCollective):
         self._world_size = int(xr.world_size())
         local_ranks = int(xr.addressable_device_count())
         self._shares_process = local_ranks > 1
-        self._gate = _gate(local_ranks) if self._shares_process else None
+        self._gate = gate(local_ranks) if self._shares_process else None
         with _MEMBERS_LOCK:
             self._created = self._rank not in _MEMBERS
             if self._created:
