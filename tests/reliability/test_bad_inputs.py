@@ -203,7 +203,7 @@ CASES: list[Case] = [
         r"popen",
     ),
     # trainer arguments
-    ("max-epochs-negative", lambda t: trainer(max_epochs=-1), ConfigurationError, r">= 0"),
+    ("max-epochs-negative", lambda t: trainer(max_epochs=-2), ConfigurationError, r">= 0"),
     ("max-steps-negative", lambda t: trainer(max_steps=-5), ConfigurationError, r"-1"),
     (
         "accumulate-zero",
