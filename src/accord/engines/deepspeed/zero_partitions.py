@@ -88,12 +88,6 @@ def merge_zero_optimizer_states(
     Raises:
         CheckpointError: the partitions do not match the parameter shapes.
     """
-    first = partitions[0]
-    if len(first["param_groups"]) != len(param_shapes):
-        raise CheckpointError(
-            f"{str(source)!r} has {len(first['param_groups'])} optimizer parameter groups "
-            f"but {len(param_shapes)} groups of parameter shapes: it is inconsistent."
-        )
     return _merge_partitions(param_shapes, partitions, source, striped=False)
 
 
@@ -114,13 +108,6 @@ def merge_zero3_optimizer_states(
     Raises:
         CheckpointError: the partitions do not match the parameter shapes.
     """
-    first = partitions[0]
-    if len(first["param_groups"]) != len(param_shapes):
-        raise CheckpointError(
-            f"{str(source)!r} has {len(first['param_groups'])} ZeRO-3 optimizer groups but "
-            f"{len(param_shapes)} groups of parameter shapes (sub-groups split by "
-            "sub_group_size are not read); resume from it with strategy='deepspeed_stage_3'."
-        )
     return _merge_partitions(param_shapes, partitions, source, striped=True)
 
 
@@ -136,6 +123,10 @@ def _merge_partitions(
     `merge_zero3_optimizer_states` (``striped=True``: every parameter is split into
     equal, padded slices, one in each rank's buffer)."""
     first = partitions[0]
+    if len(first["param_groups"]) != len(param_shapes):
+        raise CheckpointError(
+            _groups_mismatch(source, len(first["param_groups"]), len(param_shapes), striped)
+        )
     ranks = len(partitions)
     state: dict[int, dict[str, Any]] = {}
     groups: list[dict[str, Any]] = []
@@ -169,6 +160,19 @@ def _merge_partitions(
             offset += part
         groups.append({**first["param_groups"][index], "params": numbers})
     return {"state": state, "param_groups": groups}
+
+
+def _groups_mismatch(source: Path, groups: int, shape_groups: int, striped: bool) -> str:
+    if striped:
+        return (
+            f"{str(source)!r} has {groups} ZeRO-3 optimizer groups but {shape_groups} groups "
+            "of parameter shapes (sub-groups split by sub_group_size are not read); resume "
+            "from it with strategy='deepspeed_stage_3'."
+        )
+    return (
+        f"{str(source)!r} has {groups} optimizer parameter groups but {shape_groups} groups "
+        "of parameter shapes: it is inconsistent."
+    )
 
 
 def _short_buffer(
