@@ -344,18 +344,6 @@ class TQDMProgressBar(ProgressBar):
         self._open_eval(self.init_test_tqdm, sum(trainer.num_test_batches))
 
     @override
-    def on_test_batch_end(
-        self,
-        trainer: Trainer,
-        module: Module,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._advance(self._eval_bar, trainer, module, batch_idx + 1)
-
-    @override
     def on_test_end(self, trainer: Trainer, module: Module) -> None:
         self._close_eval()
 
@@ -363,21 +351,11 @@ class TQDMProgressBar(ProgressBar):
     def on_predict_start(self, trainer: Trainer, module: Module) -> None:
         self._open_eval(self.init_predict_tqdm, sum(trainer.num_predict_batches))
 
-    @override
-    def on_predict_batch_end(
-        self,
-        trainer: Trainer,
-        module: Module,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._advance(self._eval_bar, trainer, module, batch_idx + 1)
-
-    @override
-    def on_predict_end(self, trainer: Trainer, module: Module) -> None:
-        self._close_eval()
+    # Validation, test and predict share the evaluation bar: a batch of any of them
+    # advances it the same way, and a test or predict pass ends by closing it.
+    on_test_batch_end = on_validation_batch_end
+    on_predict_batch_end = on_validation_batch_end
+    on_predict_end = on_test_end
 
     @override
     def teardown(self, trainer: Trainer, module: Module, stage: str) -> None:

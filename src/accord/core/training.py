@@ -135,6 +135,7 @@ class StrategyTraining(ABC):
         self, module: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float
     ) -> torch.Tensor:
         """Clip the gradients of ``module`` to total norm ``max_norm``; return the norm."""
+        self._finish_gradients(optimizer)
         self.precision.unscale_gradients(optimizer)
         return torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm)
 
@@ -143,8 +144,14 @@ class StrategyTraining(ABC):
     ) -> None:
         """Clamp each gradient element of ``module`` to ``[-clip_value, clip_value]``
         (``gradient_clip_algorithm="value"``)."""
+        self._finish_gradients(optimizer)
         self.precision.unscale_gradients(optimizer)
         torch.nn.utils.clip_grad_value_(module.parameters(), clip_value)
+
+    def _finish_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """Make ``optimizer``'s gradients final before `clip_gradients` or
+        `clip_gradients_value` reads them (a strategy that reduces them in the background
+        waits for that here); the default has nothing to do."""
 
     def optimizer_step(
         self,

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
+from typing import ClassVar
+
+from typing_extensions import override
 
 __all__ = ["ClusterEnvironment"]
 
@@ -78,3 +82,42 @@ class ClusterEnvironment(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+class _RanksFromVariables(ClusterEnvironment):
+    """An environment whose launcher started every process and exported its ranks in the
+    environment variables a subclass names; the strategy's own values are ignored."""
+
+    _world_size_variable: ClassVar[str]
+    _global_rank_variable: ClassVar[str]
+    _local_rank_variable: ClassVar[str]
+    _node_rank_variable: ClassVar[str]
+
+    @property
+    @override
+    def creates_processes_externally(self) -> bool:
+        return True
+
+    @override
+    def world_size(self) -> int:
+        return int(os.environ[self._world_size_variable])
+
+    @override
+    def set_world_size(self, size: int) -> None:
+        pass
+
+    @override
+    def global_rank(self) -> int:
+        return int(os.environ[self._global_rank_variable])
+
+    @override
+    def set_global_rank(self, rank: int) -> None:
+        pass
+
+    @override
+    def local_rank(self) -> int:
+        return int(os.environ[self._local_rank_variable])
+
+    @override
+    def node_rank(self) -> int:
+        return int(os.environ[self._node_rank_variable])

@@ -11,7 +11,7 @@ import subprocess
 from typing_extensions import override
 
 from accord.core.env_vars import env_number
-from accord.environments.cluster_environment import ClusterEnvironment
+from accord.environments.cluster_environment import _RanksFromVariables
 from accord.errors import ConfigurationError
 
 __all__ = ["SLURMEnvironment"]
@@ -19,7 +19,7 @@ __all__ = ["SLURMEnvironment"]
 _log = logging.getLogger(__name__)
 
 
-class SLURMEnvironment(ClusterEnvironment):
+class SLURMEnvironment(_RanksFromVariables):
     """Ranks from ``SLURM_PROCID``/``SLURM_LOCALID``/``SLURM_NODEID``; one task per device.
 
     The main address is the first host of ``SLURM_NODELIST``; the port is ``MASTER_PORT``
@@ -28,10 +28,10 @@ class SLURMEnvironment(ClusterEnvironment):
     a job array) get different ones.
     """
 
-    @property
-    @override
-    def creates_processes_externally(self) -> bool:
-        return True
+    _world_size_variable = "SLURM_NTASKS"
+    _global_rank_variable = "SLURM_PROCID"
+    _local_rank_variable = "SLURM_LOCALID"
+    _node_rank_variable = "SLURM_NODEID"
 
     @property
     @override
@@ -58,30 +58,6 @@ class SLURMEnvironment(ClusterEnvironment):
     def detect() -> bool:
         # An interactive `salloc` shell also has SLURM_NTASKS; srun tasks have SLURM_STEP_ID.
         return "SLURM_NTASKS" in os.environ and "SLURM_STEP_ID" in os.environ
-
-    @override
-    def world_size(self) -> int:
-        return int(os.environ["SLURM_NTASKS"])
-
-    @override
-    def set_world_size(self, size: int) -> None:
-        pass
-
-    @override
-    def global_rank(self) -> int:
-        return int(os.environ["SLURM_PROCID"])
-
-    @override
-    def set_global_rank(self, rank: int) -> None:
-        pass
-
-    @override
-    def local_rank(self) -> int:
-        return int(os.environ["SLURM_LOCALID"])
-
-    @override
-    def node_rank(self) -> int:
-        return int(os.environ["SLURM_NODEID"])
 
     @override
     def restart_count(self) -> int:

@@ -7,7 +7,7 @@ import os
 from typing_extensions import override
 
 from accord.core.env_vars import env_number
-from accord.environments.cluster_environment import ClusterEnvironment
+from accord.environments.cluster_environment import _RanksFromVariables
 from accord.errors import ConfigurationError
 
 __all__ = ["TorchElasticEnvironment"]
@@ -15,13 +15,13 @@ __all__ = ["TorchElasticEnvironment"]
 _REQUIRED = ("RANK", "GROUP_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE")
 
 
-class TorchElasticEnvironment(ClusterEnvironment):
+class TorchElasticEnvironment(_RanksFromVariables):
     """Ranks, address and port as torchrun exports them; accord launches nothing."""
 
-    @property
-    @override
-    def creates_processes_externally(self) -> bool:
-        return True
+    _world_size_variable = "WORLD_SIZE"
+    _global_rank_variable = "RANK"
+    _local_rank_variable = "LOCAL_RANK"
+    _node_rank_variable = "GROUP_RANK"
 
     @property
     @override
@@ -37,30 +37,6 @@ class TorchElasticEnvironment(ClusterEnvironment):
     @override
     def detect() -> bool:
         return all(name in os.environ for name in _REQUIRED)
-
-    @override
-    def world_size(self) -> int:
-        return int(os.environ["WORLD_SIZE"])
-
-    @override
-    def set_world_size(self, size: int) -> None:
-        pass
-
-    @override
-    def global_rank(self) -> int:
-        return int(os.environ["RANK"])
-
-    @override
-    def set_global_rank(self, rank: int) -> None:
-        pass
-
-    @override
-    def local_rank(self) -> int:
-        return int(os.environ["LOCAL_RANK"])
-
-    @override
-    def node_rank(self) -> int:
-        return int(os.environ["GROUP_RANK"])
 
     @override
     def restart_count(self) -> int:

@@ -12,7 +12,7 @@ import torch
 from typing_extensions import override
 
 from accord.errors import ConfigurationError
-from accord.loggers.logger import Logger, add_prefix
+from accord.loggers.logger import _DirectoryLogger, add_prefix
 
 __all__ = ["CSVLogger", "ExperimentWriter"]
 
@@ -84,7 +84,7 @@ def _plain(value: Any) -> Any:
     return value if isinstance(value, int | str) else float(value)
 
 
-class CSVLogger(Logger):
+class CSVLogger(_DirectoryLogger):
     """Write metrics to ``<save_dir>/<name>/<version>/metrics.csv``.
 
     As in Lightning, each row has a ``step`` (optimizer steps done before the batch that
@@ -123,19 +123,6 @@ class CSVLogger(Logger):
         self._prefix = prefix
         self._flush_logs_every_n_steps = flush_logs_every_n_steps
         self._experiment: ExperimentWriter | None = None
-
-    @property
-    @override
-    def save_dir(self) -> Path:
-        """The root directory all experiments are under."""
-        assert self._save_dir is not None
-        return self._save_dir
-
-    @property
-    @override
-    def root_dir(self) -> Path:
-        """``<save_dir>/<name>``."""
-        return self.save_dir / self.name
 
     @property
     def experiment(self) -> ExperimentWriter:

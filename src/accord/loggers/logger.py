@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from typing_extensions import override
+
 if TYPE_CHECKING:
     import torch
 
@@ -125,6 +127,24 @@ class Logger(ABC):
     def finalize(self, status: str) -> None:
         """The run ended with ``status`` (``"success"`` or ``"failed"``); close files."""
         self.save()
+
+
+class _DirectoryLogger(Logger):
+    """A logger that always writes files: its `save_dir` is set (its ``__init__`` passes
+    one to `Logger`'s)."""
+
+    @property
+    @override
+    def save_dir(self) -> Path:
+        """The root directory all experiments are under."""
+        assert self._save_dir is not None
+        return self._save_dir
+
+    @property
+    @override
+    def root_dir(self) -> Path:
+        """``<save_dir>/<name>``."""
+        return self.save_dir / self.name
 
 
 def _attribute(logger: Logger, name: str, default: V) -> V:

@@ -15,12 +15,12 @@ from typing_extensions import override
 from accord.core.buffers import move_to_device
 from accord.errors import ConfigurationError
 from accord.imports import require
-from accord.loggers.logger import Logger, add_prefix
+from accord.loggers.logger import _DirectoryLogger, add_prefix
 
 __all__ = ["TensorBoardLogger"]
 
 
-class TensorBoardLogger(Logger):
+class TensorBoardLogger(_DirectoryLogger):
     """Write event files to ``<save_dir>/<name>/<version>/`` (``/<sub_dir>`` if given).
 
     As in Lightning, `log_hyperparams` writes the hyperparameters to TensorBoard's
@@ -70,19 +70,6 @@ class TensorBoardLogger(Logger):
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_writer": None}
-
-    @property
-    @override
-    def save_dir(self) -> Path:
-        """The root directory all experiments are under."""
-        assert self._save_dir is not None
-        return self._save_dir
-
-    @property
-    @override
-    def root_dir(self) -> Path:
-        """``<save_dir>/<name>``."""
-        return self.save_dir / self.name
 
     @property
     @override

@@ -88,42 +88,7 @@ def merge_zero_optimizer_states(
     Raises:
         CheckpointError: the partitions do not match the parameter shapes.
     """
-    first = partitions[0]
-    if len(first["param_groups"]) != len(param_shapes):
-        raise CheckpointError(
-            f"{str(source)!r} has {len(first['param_groups'])} optimizer parameter groups "
-            f"but {len(param_shapes)} groups of parameter shapes: it is inconsistent."
-        )
-    state: dict[int, dict[str, Any]] = {}
-    groups: list[dict[str, Any]] = []
-    number = 0
-    for index, shapes in enumerate(param_shapes):
-        group_state = [partition["state"].get(index, {}) for partition in partitions]
-        flat = {
-            key: torch.cat([ranks[key] for ranks in group_state])
-            for key, value in group_state[0].items()
-            if isinstance(value, torch.Tensor) and value.dim() > 0
-        }
-        shared = {k: v for k, v in group_state[0].items() if k not in flat}
-        numbers = []
-        offset = 0
-        for shape in shapes.values():
-            size = torch.Size(shape)
-            entry = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in shared.items()}
-            for key, buffer in flat.items():
-                if offset + size.numel() > buffer.numel():
-                    raise CheckpointError(
-                        f"{str(source)!r}: the optimizer's {key!r} of group {index} holds "
-                        f"{buffer.numel()} elements, fewer than its parameters need."
-                    )
-                entry[key] = buffer[offset : offset + size.numel()].view(size).clone()
-            if entry:
-                state[number] = entry
-            numbers.append(number)
-            number += 1
-            offset += size.numel()
-        groups.append({**first["param_groups"][index], "params": numbers})
-    return {"state": state, "param_groups": groups}
+    return _merge_partitions(param_shapes, partitions, source, striped=False)
 
 
 def merge_zero3_optimizer_states(
@@ -143,14 +108,26 @@ def merge_zero3_optimizer_states(
     Raises:
         CheckpointError: the partitions do not match the parameter shapes.
     """
+    return _merge_partitions(param_shapes, partitions, source, striped=True)
+
+
+def _merge_partitions(
+    param_shapes: Sequence[dict[str, Any]],
+    partitions: Sequence[dict[str, Any]],
+    source: Path,
+    *,
+    striped: bool,
+) -> dict[str, Any]:
+    """The merge of `merge_zero_optimizer_states` (``striped=False``: the ranks' flat
+    buffers, one after another, hold each group's parameters in order) and of
+    `merge_zero3_optimizer_states` (``striped=True``: every parameter is split into
+    equal, padded slices, one in each rank's buffer)."""
     first = partitions[0]
-    ranks = len(partitions)
     if len(first["param_groups"]) != len(param_shapes):
         raise CheckpointError(
-            f"{str(source)!r} has {len(first['param_groups'])} ZeRO-3 optimizer groups but "
-            f"{len(param_shapes)} groups of parameter shapes (sub-groups split by "
-            "sub_group_size are not read); resume from it with strategy='deepspeed_stage_3'."
+            _groups_mismatch(source, len(first["param_groups"]), len(param_shapes), striped)
         )
+    ranks = len(partitions)
     state: dict[int, dict[str, Any]] = {}
     groups: list[dict[str, Any]] = []
     number = 0
@@ -161,19 +138,19 @@ def merge_zero3_optimizer_states(
             for key, value in group_state[0].items()
             if isinstance(value, torch.Tensor) and value.dim() > 0
         }
+        if not striped:
+            flat = {key: [torch.cat(buffers)] for key, buffers in flat.items()}
         shared = {k: v for k, v in group_state[0].items() if k not in flat}
         numbers = []
         offset = 0
         for shape in shapes.values():
             size = torch.Size(shape)
-            part = -(-size.numel() // ranks)  # each rank's slice, the padding included
+            # Each rank's slice (its padding included), or the whole parameter.
+            part = -(-size.numel() // ranks) if striped else size.numel()
             entry = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in shared.items()}
             for key, buffers in flat.items():
                 if any(offset + part > buffer.numel() for buffer in buffers):
-                    raise CheckpointError(
-                        f"{str(source)!r}: the ZeRO-3 optimizer's {key!r} of group {index} "
-                        "holds fewer elements than its parameters need."
-                    )
+                    raise CheckpointError(_short_buffer(source, key, index, buffers, striped))
                 whole = torch.cat([buffer[offset : offset + part] for buffer in buffers])
                 entry[key] = whole[: size.numel()].view(size).clone()
             if entry:
@@ -183,6 +160,33 @@ def merge_zero3_optimizer_states(
             offset += part
         groups.append({**first["param_groups"][index], "params": numbers})
     return {"state": state, "param_groups": groups}
+
+
+def _groups_mismatch(source: Path, groups: int, shape_groups: int, striped: bool) -> str:
+    if striped:
+        return (
+            f"{str(source)!r} has {groups} ZeRO-3 optimizer groups but {shape_groups} groups "
+            "of parameter shapes (sub-groups split by sub_group_size are not read); resume "
+            "from it with strategy='deepspeed_stage_3'."
+        )
+    return (
+        f"{str(source)!r} has {groups} optimizer parameter groups but {shape_groups} groups "
+        "of parameter shapes: it is inconsistent."
+    )
+
+
+def _short_buffer(
+    source: Path, key: str, index: int, buffers: list[torch.Tensor], striped: bool
+) -> str:
+    if striped:
+        return (
+            f"{str(source)!r}: the ZeRO-3 optimizer's {key!r} of group {index} "
+            "holds fewer elements than its parameters need."
+        )
+    return (
+        f"{str(source)!r}: the optimizer's {key!r} of group {index} holds "
+        f"{buffers[0].numel()} elements, fewer than its parameters need."
+    )
 
 
 def split_for_rank(tensors: Sequence[torch.Tensor], partition_size: int, rank: int) -> torch.Tensor:

@@ -315,20 +315,9 @@ class HorovodStrategy(ParallelStrategy):
             self._synchronized.add(id(optimizer))
 
     @override
-    def clip_gradients(
-        self, module: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float
-    ) -> torch.Tensor:
-        """Clip the averaged gradients (the reductions are waited for first)."""
+    def _finish_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """Clipping reads the averaged gradients: the reductions are waited for first."""
         self._synchronize(optimizer)
-        return super().clip_gradients(module, optimizer, max_norm)
-
-    @override
-    def clip_gradients_value(
-        self, module: nn.Module, optimizer: torch.optim.Optimizer, clip_value: float
-    ) -> None:
-        """Clamp the averaged gradients (the reductions are waited for first)."""
-        self._synchronize(optimizer)
-        super().clip_gradients_value(module, optimizer, clip_value)
 
     @override
     def optimizer_step(

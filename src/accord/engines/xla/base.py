@@ -122,18 +122,9 @@ class XLAStrategyBase(Strategy):
         self._reduced.add(id(optimizer))
 
     @override
-    def clip_gradients(
-        self, module: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float
-    ) -> torch.Tensor:
+    def _finish_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        # Clipping reads the averaged gradients; the step that follows does not average again.
         self._average_gradients(optimizer)
-        return super().clip_gradients(module, optimizer, max_norm)
-
-    @override
-    def clip_gradients_value(
-        self, module: nn.Module, optimizer: torch.optim.Optimizer, clip_value: float
-    ) -> None:
-        self._average_gradients(optimizer)
-        super().clip_gradients_value(module, optimizer, clip_value)
 
     @override
     def optimizer_step(
