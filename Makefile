@@ -36,7 +36,7 @@ $(VENV)/.deepspeed-built: $(VENV)/.installed
 
 unit: $(VENV)/.installed $(VENV)/.deepspeed-built
 	rm -f .coverage .coverage.*
-	$(BIN)/coverage run -m pytest $(PYTEST_ARGS)
+	$(BIN)/coverage run -m pytest --durations=25 $(PYTEST_ARGS)
 	$(BIN)/coverage combine -q
 	$(BIN)/coverage report
 
