@@ -34,9 +34,12 @@ $(VENV)/.deepspeed-built: $(VENV)/.installed
 	$(BIN)/python scripts/warm_deepspeed.py
 	touch $@
 
+# pytest-xdist runs one worker per core; a file's tests stay on one worker, so a module's
+# fixtures (a reference fit, a fork server that imported torch) are made once.
+PYTEST_WORKERS ?= auto
 unit: $(VENV)/.installed $(VENV)/.deepspeed-built
 	rm -f .coverage .coverage.*
-	$(BIN)/coverage run -m pytest --durations=25 $(PYTEST_ARGS)
+	$(BIN)/coverage run -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
 	$(BIN)/coverage combine -q
 	$(BIN)/coverage report
 
