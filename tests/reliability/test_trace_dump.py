@@ -59,6 +59,22 @@ def test_a_script_where_rank_1_skips_a_barrier_leaves_dumps_the_command_reads(
     assert "all_reduce" in summary and "waiting s" in summary
 
 
+@pytest.mark.timeout(120)
+def test_on_a_mismatch_rank_0_lets_the_other_ranks_finish_their_failure(tmp_path: Path) -> None:
+    # Every rank raises the mismatch; rank 1 takes two seconds in its on_exception hook.
+    # Rank 0's launcher must not kill it meanwhile (it writes its trace there too).
+    result = run_python(
+        [str(SCRIPT), str(tmp_path), "slow-exit"],
+        env={"ACCORD_COLLECTIVE_TIMEOUT": "10", "ACCORD_TRACE_DIR": ""},
+        timeout=100,
+        check=False,
+    )
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert "rank 1 handled CollectiveMismatchError" in result.stdout, result.stderr
+    dumps = sorted(p.name for p in (tmp_path / "accord_traces").glob("collectives-rank*.json"))
+    assert dumps == ["collectives-rank0.json", "collectives-rank1.json"], result.stderr
+
+
 _TIMEOUT = "2"
 _LATE_BY = 3.5  # past rank 0's timeout, within its teardown grace (5 s)
 

@@ -31,6 +31,7 @@ from accord.environments.cluster_environment import ClusterEnvironment
 from accord.errors import (
     EXCLUDED_EXIT_CODE,
     PREEMPTED_EXIT_CODE,
+    CollectiveMismatchError,
     ConfigurationError,
     NonFiniteValueError,
     Preempted,
@@ -114,19 +115,20 @@ class SubprocessScriptLauncher(Launcher):
         try:
             try:
                 return fn(*args, **kwargs)
-            except (Preempted, NonFiniteValueError):
+            except (Preempted, NonFiniteValueError, CollectiveMismatchError):
                 # Every rank stops with this in the same step: let the children finish
-                # their own exit instead of killing them mid-save or mid-report.
+                # their own exit instead of killing them mid-save or mid-report (or while
+                # they write their collective trace).
                 self._stand_down()
                 self._wait_for_children(self.failure_grace)
                 self.kill()
                 raise
             except BaseException as err:
                 failure = self._take_over()
-                if failure is None and is_communication_error(err) and not _names_lost(err):
+                if failure is None and is_communication_error(err):
                     # Rank 0 lost contact with a child: wait for the one that failed. One that
                     # raised may take seconds to exit on a busy machine, so the grace period.
-                    failure = self._failed_child(self.failure_grace)
+                    failure = self._failed_child(self._exit_wait(err))
                 # Rank 0 failed: the children would wait for it in a collective; stop them now.
                 self.kill()
                 if failure is None or _is_interrupt(err, failure):
@@ -155,6 +157,25 @@ class SubprocessScriptLauncher(Launcher):
         if failure is None and first:
             failure = self._record(self._dead_child())
         return failure
+
+    def _exit_wait(self, err: BaseException) -> float:
+        """How long rank 0 waits for a child's exit to explain its communication error.
+
+        When ``err`` names the ranks rank 0 found gone by their heartbeats, only a named
+        child still running is worth waiting for: its heartbeat stops as it exits, before
+        the process ends (on a busy machine, seconds before). One stopped by a signal is
+        frozen, and one of another node is not this launcher's.
+        """
+        if not isinstance(err, RankFailureError) or not err.ranks:
+            return self.failure_grace
+        named = set(err.ranks)
+        exiting = (
+            self._member(local_rank) in named
+            and child.poll() is None
+            and not _is_stopped(child.pid)
+            for local_rank, child in enumerate(self.children, start=1)
+        )
+        return self.failure_grace if any(exiting) else 0.0
 
     def _failed_child(self, wait: float) -> tuple[int, int] | None:
         """The first child that exited with an error, waiting up to ``wait`` seconds for one."""
@@ -316,10 +337,15 @@ class SubprocessScriptLauncher(Launcher):
                 )
 
 
-def _names_lost(error: BaseException) -> bool:
-    """Whether ``error`` already names the ranks that died or froze (rank 0 found them by
-    their heartbeats): then no child's exit needs waiting for."""
-    return isinstance(error, RankFailureError) and bool(error.ranks)
+def _is_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped by a signal (SIGSTOP, SIGTSTP), so frozen; False
+    where ``/proc`` cannot say."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # The state follows the command name, which is in parentheses and may hold spaces.
+    return stat.rpartition(")")[2].split()[:1] in (["T"], ["t"])
 
 
 def _report(failure: tuple[int, int], err: BaseException) -> str:

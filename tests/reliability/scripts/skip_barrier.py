@@ -1,16 +1,18 @@
 """A user's training script with a bug: rank 1 skips a barrier the other ranks wait in.
 
-Usage: skip_barrier.py ROOT
+Usage: skip_barrier.py ROOT [slow-exit]
 
 Two processes (``devices=2``, the script is re-run for rank 1), one epoch. After the
 second batch every rank but rank 1 waits in ``barrier("sync")``; then every rank reduces a
 value. Run it with ``ACCORD_COLLECTIVE_TIMEOUT`` set: the watchdog stops the run, and each
 rank leaves its last collective calls in ``ROOT/accord_traces`` (or ``ACCORD_TRACE_DIR``).
+With ``slow-exit``, rank 1's ``on_exception`` hook takes two seconds and then says so.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 import torch
@@ -51,7 +53,16 @@ class SkipsOnRankOne(Callback):
             trainer.strategy.reduce(torch.tensor(1.0))
 
 
-def main(root: str) -> None:
+class SlowExitOnRankOne(Callback):
+    """Rank 1 takes its time to handle the failure, as a busy machine makes it."""
+
+    def on_exception(self, trainer: Any, module: Any, exception: BaseException) -> None:
+        if trainer.global_rank == 1:
+            time.sleep(2)
+            print(f"rank 1 handled {type(exception).__name__}", flush=True)
+
+
+def main(root: str, slow_exit: bool = False) -> None:
     """Fit on two CPU processes until the watchdog stops the run."""
     generator = torch.Generator().manual_seed(0)
     data = TensorDataset(
@@ -66,10 +77,10 @@ def main(root: str) -> None:
         enable_checkpointing=False,
         enable_progress_bar=False,
         default_root_dir=root,
-        callbacks=[SkipsOnRankOne()],
+        callbacks=[SkipsOnRankOne(), *([SlowExitOnRankOne()] if slow_exit else [])],
     )
     trainer.fit(Model(), DataLoader(data, batch_size=8))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], slow_exit=sys.argv[2:] == ["slow-exit"])
