@@ -18,6 +18,7 @@ the rank that serves it is the one lost, the survey says the store is gone too.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -144,6 +145,13 @@ class Liveness:
     def _connect(self) -> Any:
         import torch.distributed as dist
 
+        # A store whose process is gone refuses a connection at once, but torch's client
+        # retries until its timeout runs out, twice (22 s with ours), and meanwhile keeps
+        # this rank from exiting: a plain connection says it first. ConnectionRefusedError
+        # is an OSError, which the callers take for an unreachable store.
+        socket.create_connection(
+            (self.address, self.port), timeout=_CONNECT.total_seconds()
+        ).close()
         return dist.TCPStore(  # type: ignore[attr-defined]
             self.address, self.port, is_master=False, timeout=_CONNECT, wait_for_workers=False
         )
