@@ -12,10 +12,11 @@ from __future__ import annotations
 import logging
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
 
 from accord.launchers.loss_notes import LossNotes
 
-__all__ = ["LostChildren", "how_it_ended"]
+__all__ = ["LostChildren", "how_it_ended", "is_stopped"]
 
 _log = logging.getLogger(__name__)
 
@@ -26,6 +27,17 @@ def how_it_ended(code: int) -> str:
     if code < 0:
         return f"was killed by signal {-code} (exit code {code})"
     return f"exited with code {code}"
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped by a signal (SIGSTOP, SIGTSTP), so frozen; False
+    where ``/proc`` cannot say."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # The state follows the command name, which is in parentheses and may hold spaces.
+    return stat.rpartition(")")[2].split()[:1] in (["T"], ["t"])
 
 
 class LostChildren:

@@ -40,7 +40,7 @@ from accord.errors import (
 )
 from accord.launchers.launcher import PARENT_ENV, Launcher, SignalForwarder, rank_environment
 from accord.launchers.loss_notes import LossNotes
-from accord.launchers.lost_children import LostChildren, how_it_ended
+from accord.launchers.lost_children import LostChildren, how_it_ended, is_stopped
 
 __all__ = ["SubprocessScriptLauncher"]
 
@@ -170,9 +170,7 @@ class SubprocessScriptLauncher(Launcher):
             return self.failure_grace
         named = set(err.ranks)
         exiting = (
-            self._member(local_rank) in named
-            and child.poll() is None
-            and not _is_stopped(child.pid)
+            self._member(local_rank) in named and child.poll() is None and not is_stopped(child.pid)
             for local_rank, child in enumerate(self.children, start=1)
         )
         return self.failure_grace if any(exiting) else 0.0
@@ -335,17 +333,6 @@ class SubprocessScriptLauncher(Launcher):
                     local_rank,
                     how_it_ended(code),
                 )
-
-
-def _is_stopped(pid: int) -> bool:
-    """Whether process ``pid`` is stopped by a signal (SIGSTOP, SIGTSTP), so frozen; False
-    where ``/proc`` cannot say."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    # The state follows the command name, which is in parentheses and may hold spaces.
-    return stat.rpartition(")")[2].split()[:1] in (["T"], ["t"])
 
 
 def _report(failure: tuple[int, int], err: BaseException) -> str:
